@@ -1,0 +1,22 @@
+"""precision-tuner: find the fastest stable 16-bit precision setup for a Keras model.
+
+Public API::
+
+    from tuner import PrecisionConfig
+    cfg = PrecisionConfig.load("best_precision.json")
+    with cfg.scope():
+        model = build_model()
+        model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)), loss=...,
+                      **cfg.compile_kwargs())
+        model.fit(...)
+"""
+
+from tuner.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
+from tuner.errors import (ConfigError, SearchSpaceError, TaskError, TunerError, UsageError)
+from tuner.space import SearchSpace, load_space
+
+__version__ = "0.1.0"
+
+__all__ = ["PrecisionConfig", "LossScale", "Epsilon", "Float32Placement", "SearchSpace",
+           "load_space", "TunerError", "UsageError", "ConfigError", "SearchSpaceError",
+           "TaskError", "__version__"]

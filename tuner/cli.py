@@ -1,0 +1,298 @@
+"""``precision-tuner``: tune, export, ui, spaces. Exit 0 on success, 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+from tuner.errors import TunerError, UsageError
+
+_DESCRIPTION = """\
+Find the fastest stable 16-bit precision setup for your Keras model.
+
+precision-tuner runs short trial trainings of your model across precision policies,
+loss scales, epsilons and float32 layer placements, judges each against a float32
+baseline, and writes the fastest stable config to a file you apply with two lines.
+"""
+
+_EPILOG = """\
+examples:
+  precision-tuner tune examples/digits_mlp.py --space quick
+  precision-tuner export --run-dir runs/digits_mlp-20261129-101500 --format yaml
+  precision-tuner ui --run-dir runs/digits_mlp-20261129-101500
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.9, got {text!r}") from None
+    if not 0 < value <= 1.5:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1.5], got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        self.exit(2, f"{self.prog}: error: {message}. See `{self.prog} --help`.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="precision-tuner", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    tune = commands.add_parser("tune", help="tune a task file (the main job)",
+                               description="Run trial trainings of TASK.py and write the fastest "
+                                           "stable precision config.")
+    tune.add_argument("task", metavar="TASK.py", help="task file: defines build_model(), "
+                      "train_data() and LOSS (see README)")
+    tune.add_argument("--space", default="quick",
+                      help="search space: a built-in name (quick, default) or a YAML path "
+                           "[default: %(default)s]")
+    tune.add_argument("--trials", type=_positive_int, help="number of trials, baseline "
+                      "included [default: the space's `trials`]")
+    tune.add_argument("--steps", type=_positive_int,
+                      help="training steps per trial [default: the space's trial.steps]")
+    tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
+                      "[default: runs/TASK-TIMESTAMP]")
+    tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
+                      help="where to write the best config (.json or .yaml) [default: %(default)s]")
+    tune.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    tune.add_argument("--seed", type=int, default=0, help="seed for weights, data order and "
+                      "Optuna [default: %(default)s]")
+    tune.add_argument("--tolerance", type=_ratio, help="share of float32's loss decrease a "
+                      "trial must reach to count as stable [default: the space's, 0.9]")
+    tune.add_argument("--tracking-uri", help="MLflow tracking server URI [default: SQLite in "
+                      "the run directory]")
+    tune.add_argument("--time-limit", type=_positive_int, default=900, metavar="SECONDS",
+                      help="per-trial time limit; a trial past it is killed [default: "
+                           "%(default)s]")
+    tune.add_argument("--finalists", type=_positive_int, default=3, help="stable candidates "
+                      "re-measured back to back before naming the winner [default: %(default)s]")
+
+    export = commands.add_parser("export", help="write the best config of a finished run",
+                                 description="Write the best config of a run directory.")
+    export.add_argument("--run-dir", type=Path, required=True)
+    export.add_argument("--format", choices=("json", "yaml"), default="json")
+    export.add_argument("--out", type=Path, help="output file [default: stdout]")
+    export.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+    ui = commands.add_parser("ui", help="browse the trials in the MLflow UI",
+                             description="Start the MLflow UI on a run directory's store.")
+    ui.add_argument("--run-dir", type=Path, required=True)
+    ui.add_argument("--host", default="127.0.0.1", help="bind address [default: %(default)s; "
+                    "anything else exposes your runs to the network]")
+    ui.add_argument("--port", type=_positive_int, default=5000)
+
+    commands.add_parser("spaces", help="list the built-in search spaces")
+    return parser
+
+
+def _version() -> str:
+    from tuner import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return {"tune": _tune, "export": _export, "ui": _ui, "spaces": _spaces}[args.command](args)
+    except UsageError as exc:
+        print(f"precision-tuner: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except TunerError as exc:
+        print(f"precision-tuner: failed: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("precision-tuner: interrupted", file=sys.stderr)
+        return 130
+
+
+def _check_writable_dir(path: Path) -> None:
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"run directory {str(path)!r} is not writable (checked {str(existing)!r})."
+                         " Choose another --run-dir.")
+
+
+def _tune(args) -> int:
+    from rich.console import Console
+
+    from tuner.executor import LocalProcessExecutor
+    from tuner.report import print_summary
+    from tuner.search import TuneOptions, tune
+    from tuner.space import load_space
+    from tuner.task_file import check_task_file
+    from tuner.tracking import redact_uri
+
+    started = time.perf_counter()
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    # Everything that can be refused is refused before anything is written.
+    task_path = check_task_file(args.task)
+    space = load_space(args.space)
+    steps = args.steps or space.budget.steps
+    if steps < space.budget.warmup_steps + 3:
+        raise UsageError(f"--steps must exceed the space's warmup_steps "
+                         f"({space.budget.warmup_steps}) by at least 3. Received: --steps {steps}")
+    if args.out.suffix.lower() not in (".json", ".yaml", ".yml"):
+        raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {args.out}")
+    if args.out.exists() and not args.force:
+        raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it, "
+                         "or choose another --out.")
+    run_dir = args.run_dir or Path("runs") / (
+        f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise UsageError(f"run directory {str(run_dir)!r} is not empty. Choose a new --run-dir "
+                         "(each tuning job gets its own).")
+    _check_writable_dir(run_dir)
+    _check_writable_dir(args.out.resolve().parent)
+
+    options = TuneOptions(task_path=task_path, space=space, run_dir=run_dir, trials=args.trials,
+                          steps=args.steps, seed=args.seed, min_loss_decrease_ratio=args.tolerance,
+                          tracking_uri=args.tracking_uri, finalists=args.finalists,
+                          trial_time_limit_s=float(args.time_limit))
+    console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
+                  f"[bold]{space.name}[/] ({options.trials or space.trials} trials x {steps} steps)")
+    with LocalProcessExecutor() as executor:
+        console.print("starting the TensorFlow worker and checking the task...")
+        task_info = executor.probe(str(task_path), steps)
+        console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
+                      f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with _LiveProgress(console, options.trials or space.trials) as progress:
+            summary = tune(options, executor, progress, task_info, started=started)
+        _copy_log(executor.log_path, run_dir / "worker.log")
+    print_summary(summary, console)
+    if summary.best_config is None:
+        raise TunerError("no config could be chosen")
+    summary.best_config.save(args.out, overwrite=True)
+    console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
+                  + ("" if not args.tracking_uri else f"  (tracking: {redact_uri(args.tracking_uri)})"))
+    return 0
+
+
+def _copy_log(source: str, target: Path) -> None:
+    try:
+        target.write_bytes(Path(source).read_bytes())
+        os.unlink(source)
+    except OSError:
+        pass
+
+
+class _LiveProgress:
+    """A rich progress bar: trials done, best speedup so far, the current trial."""
+
+    def __init__(self, console, total: int) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.console = console
+        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"),
+                                 console=console, transient=True)
+        self.task = self.progress.add_task("starting", total=total)
+        self.best = "best: -"
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.progress.__exit__(*exc_info)
+
+    def trial_started(self, number: int, description: str) -> None:
+        self.progress.update(self.task, description=f"{self.best} · now #{number} {description}")
+
+    def trial_finished(self, row, best, speedup) -> None:
+        if best is not None and speedup is not None:
+            self.best = f"best: {speedup:.2f}x"
+        median = row.judgement.median_step_ms
+        self.console.print(
+            f"  #{row.number:<3} {row.config.describe():<50} {row.judgement.verdict.value:<12} "
+            + (f"{median:9.2f} ms/step" if median else " " * 17)
+            + (f"  {row.judgement.reason}" if row.judgement.reason else ""))
+        self.progress.update(self.task, advance=1, description=self.best)
+
+    def phase(self, text: str) -> None:
+        self.progress.update(self.task, description=f"{self.best} · {text}")
+        self.console.print(f"  {text}")
+
+
+def _export(args) -> int:
+    from tuner.config import PrecisionConfig
+
+    source = args.run_dir / "best_precision.json"
+    if not args.run_dir.is_dir():
+        raise UsageError(f"run directory not found: {str(args.run_dir)!r}. Pass the --run-dir of "
+                         "a finished `precision-tuner tune`.")
+    if not source.is_file():
+        raise UsageError(f"{str(args.run_dir)!r} holds no best_precision.json: the tuning job did "
+                         "not finish. Re-run `precision-tuner tune`.")
+    config = PrecisionConfig.load(source)
+    text = config.to_yaml() if args.format == "yaml" else config.to_json()
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    if args.out.exists() and not args.force:
+        raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it.")
+    target = args.out
+    if args.format == "yaml" and target.suffix.lower() not in (".yaml", ".yml"):
+        target.write_text(text)  # honour --format over the file name
+    else:
+        config.save(target, overwrite=True)
+    print(f"wrote {target}")
+    return 0
+
+
+def _ui(args) -> int:
+    import subprocess
+
+    from tuner.tracking import default_tracking_uri
+
+    store = args.run_dir / "mlflow.db"
+    if not store.is_file():
+        raise UsageError(f"no MLflow store in {str(args.run_dir)!r} (expected mlflow.db). Pass "
+                         "the --run-dir of a `precision-tuner tune` run.")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"precision-tuner: warning: binding the UI to {args.host} exposes every run to "
+              "the network; there is no authentication.", file=sys.stderr)
+    uri = default_tracking_uri(args.run_dir)
+    print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C to stop)")
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]
+    return subprocess.call(command)
+
+
+def _spaces(args) -> int:
+    from tuner.space import builtin_space_names, load_space
+
+    for name in builtin_space_names():
+        space = load_space(name)
+        print(f"{name:10} {space.size():5} configs, {space.trials:3} trials  "
+              f"{' '.join(space.description.split())}")
+    return 0

@@ -1,0 +1,53 @@
+"""Every error precision-tuner raises on purpose.
+
+Hierarchy::
+
+    TunerError                     base; carries a one-line, user-facing message
+    ├── UsageError                 bad input from the user: exit code 2
+    │   ├── ConfigError            a PrecisionConfig (file or dict) is invalid
+    │   ├── SearchSpaceError       a search-space YAML is invalid
+    │   └── TaskError              a task file breaks the task-file contract
+    └── TrialInfrastructureError   the machinery around a trial failed (not the trial itself)
+
+A message says what is wrong, shows the bad value, and says how to fix it, on one line.
+Failures *inside* a trial (NaN losses, dtype mismatches, out of memory) are never raised to
+the driver: they are recorded in the trial result (see :mod:`tuner.trial_types`).
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Base class of all errors raised on purpose by precision-tuner."""
+
+    exit_code = 1
+
+
+class UsageError(TunerError):
+    """The user gave something we cannot work with; nothing has been written."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A precision config is invalid (unknown key, bad value, newer schema)."""
+
+
+class SearchSpaceError(UsageError):
+    """A search space is invalid (YAML syntax, unknown key, bad value)."""
+
+
+class TaskError(UsageError):
+    """A task file does not satisfy the task-file contract."""
+
+
+class TrialInfrastructureError(TunerError):
+    """The worker process machinery failed in a way that is not a trial's own failure."""
+
+
+def describe(value: object) -> str:
+    """Render a received value for an error message: ``'abc' (of type str)``."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (of type {type(value).__name__})"

@@ -1,0 +1,121 @@
+"""Where trials run. The driver hands a ``TrialSpec`` to an executor and gets a ``TrialResult``.
+
+``LocalProcessExecutor`` keeps one long-lived worker process (spawned, so the driver never
+imports TensorFlow): TensorFlow is imported once and reused across trials. A worker that dies
+(segfault, killed for memory) fails only that trial and is replaced; a trial past its time limit
+has its worker killed and is recorded as a timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures.process import BrokenProcessPool
+
+from tuner.errors import TrialInfrastructureError
+from tuner.trial_types import FailureClass, TrialResult, TrialSpec
+
+# TensorFlow's C++ logging would otherwise flood the terminal from the worker.
+_WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+
+
+def _init_worker(log_path: str) -> None:
+    os.environ.update(_WORKER_ENV)
+    # The worker's stdout/stderr (TensorFlow and Keras chatter, user prints) go to a log file.
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import tensorflow  # noqa: F401 - pay the import once, before the first trial
+
+
+def _run_trial(spec_dict: dict) -> dict:
+    from tuner.worker.trial import run_trial
+
+    return run_trial(spec_dict)
+
+
+def _probe(task_path: str, steps: int) -> dict:
+    from tuner.worker.trial import probe_task
+
+    return probe_task(task_path, steps)
+
+
+class LocalProcessExecutor:
+    """One reusable worker process on this machine; trials run one at a time (exclusive)."""
+
+    exclusive_timing = True
+
+    def __init__(self, log_path: str | None = None) -> None:
+        if log_path is None:
+            handle, log_path = tempfile.mkstemp(prefix="precision-tuner-worker-", suffix=".log")
+            os.close(handle)
+        self.log_path = log_path
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def _ensure_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=(self.log_path,))
+        return self._pool
+
+    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+        """Run the task-file checks that need TensorFlow; raises TaskError on a bad task."""
+        future = self._ensure_pool().submit(_probe, task_path, steps)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._kill()
+            raise TrialInfrastructureError(
+                f"checking the task took longer than {timeout_s:.0f} s (train_data() or "
+                "build_model() may hang); see the worker log " + self.log_path) from None
+        except BrokenProcessPool:
+            self._kill()
+            raise TrialInfrastructureError(
+                "the worker process crashed while loading the task; see " + self.log_path) from None
+
+    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
+        future = self._ensure_pool().submit(_run_trial, spec.to_dict())
+        try:
+            return TrialResult.from_dict(future.result(timeout=time_limit_s))
+        except concurrent.futures.TimeoutError:
+            self._kill()
+            return TrialResult.failed(spec.number, FailureClass.TIMEOUT,
+                                      f"trial exceeded its time limit of {time_limit_s:.0f} s; "
+                                      "worker killed", warmup_steps=spec.warmup_steps)
+        except BrokenProcessPool:
+            code = self._kill()
+            return TrialResult.failed(spec.number, FailureClass.WORKER_CRASHED,
+                                      f"worker process crashed (exit code {code}); replaced",
+                                      warmup_steps=spec.warmup_steps)
+
+    def _kill(self) -> int | None:
+        """Kill the worker process (a running TensorFlow op cannot be interrupted otherwise)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return None
+        code = None
+        processes = list(getattr(pool, "_processes", {}).values())
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join(5)
+            code = process.exitcode if code is None else code
+        pool.shutdown(wait=False, cancel_futures=True)
+        return code
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "LocalProcessExecutor":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

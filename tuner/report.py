@@ -1,0 +1,74 @@
+"""Human-readable summaries of a tuning job: a terminal table (rich) and Markdown for MLflow."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.search import TrialRow, TuneSummary
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table_rows(summary: "TuneSummary") -> list[list[str]]:
+    """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
+    reason. Speedups use the baseline's search-phase median (re-measured where available)."""
+    base = summary.baseline.judgement.median_step_ms if summary.baseline else None
+    rows = []
+    for row in summary.rows:
+        median = row.judgement.median_step_ms
+        speedup = base / median if base and median else None
+        marker = " ★" if summary.best is not None and row is summary.best else ""
+        rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
+                     _fmt(median, ".2f"), _fmt(row.remeasured_ms, ".2f"),
+                     _fmt(speedup, ".2f", "x"), _fmt(row.judgement.loss_decrease_ratio, ".0%"),
+                     row.judgement.reason or ""])
+    return rows
+
+
+HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "loss decr.",
+           "why"]
+
+
+def headline(summary: "TuneSummary") -> list[str]:
+    lines = []
+    if summary.best is not None:
+        lines.append(f"best: {summary.best.config.describe()} (trial #{summary.best.number}), "
+                     f"{_fmt(summary.speedup, '.2f', 'x')} vs float32 "
+                     f"({_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
+                     f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
+                     " ms/step, re-measured back to back)")
+    stable = sum(r.judgement.stable for r in summary.rows)
+    lines.append(f"trials: {len(summary.rows)} ({stable} stable)"
+                 + ("; the search space was exhausted" if summary.space_exhausted else ""))
+    lines.append(f"wall time {summary.wall_s:.1f} s, of which {summary.train_s:.1f} s in training "
+                 f"steps: {summary.outside_training_fraction:.0%} spent outside training steps "
+                 "(TensorFlow start-up, model build and tracing, bookkeeping)")
+    return lines
+
+
+def summary_markdown(summary: "TuneSummary") -> str:
+    out = ["# precision-tuner summary", ""]
+    out += [f"- {line}" for line in headline(summary)]
+    out += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for cells in table_rows(summary):
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def print_summary(summary: "TuneSummary", console) -> None:
+    from rich.table import Table
+
+    table = Table(title="precision-tuner: trials", show_lines=False)
+    for header in HEADERS:
+        table.add_column(header, overflow="fold",
+                         justify="right" if header in ("#", "median ms", "re-measured ms",
+                                                       "speedup", "loss decr.") else "left")
+    styles = {"stable": "green", "unstable": "red", "failed": "red", "stopped_slow": "yellow"}
+    for cells in table_rows(summary):
+        table.add_row(*cells, style=styles.get(cells[2]))
+    console.print(table)
+    for line in headline(summary):
+        console.print(line)

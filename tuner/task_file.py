@@ -1,0 +1,59 @@
+"""Static checks of a task file, without importing it (so no TensorFlow in the driver).
+
+The task-file contract (see README): ``build_model()``, ``train_data()`` and ``LOSS`` are
+required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS`` and ``val_data()`` are optional.
+The worker checks what only running the code can show (what ``train_data()`` returns).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tuner.errors import TaskError
+
+REQUIRED = ("build_model", "train_data", "LOSS")
+OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            # Definitions under `if`/`try` count too (e.g. optional imports).
+            names |= _top_level_names(ast.Module(body=list(ast.iter_child_nodes(node)),
+                                                 type_ignores=[]))
+    return names
+
+
+def check_task_file(path: str | Path) -> Path:
+    """Return the resolved path, or raise TaskError naming what is missing and how to fix it."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"task file not found: {str(path)!r}. Pass the path to a Python file "
+                        "defining build_model(), train_data() and LOSS.")
+    if path.suffix != ".py":
+        raise TaskError(f"task file must be a Python file (.py). Received: {str(path)!r}")
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise TaskError(f"task file {path} has a syntax error at line {exc.lineno}: {exc.msg}. "
+                        "Fix the file and try again.") from None
+    names = _top_level_names(tree)
+    has_star_import = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+                          for n in tree.body)
+    missing = [name for name in REQUIRED if name not in names]
+    if missing and not has_star_import:
+        raise TaskError(f"task file {path} does not define {', '.join(missing)}. A task file must "
+                        "define build_model(), train_data() and LOSS (see README, 'Task files').")
+    return path.resolve()

@@ -1,0 +1,167 @@
+"""MLflow records: one parent run per tuning job, one child run per trial.
+
+Everything goes through ``MlflowClient`` from the driver only (many processes writing one
+SQLite file give "database is locked"). Default store: ``sqlite:///RUN_DIR/mlflow.db`` with
+artifacts under ``RUN_DIR/mlartifacts``; ``--tracking-uri`` points at a tracking server instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterable
+
+from tuner.config import PrecisionConfig
+from tuner.trial_types import TrialResult
+from tuner.verdict import Judgement
+
+_MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
+
+
+def default_tracking_uri(run_dir: Path) -> str:
+    return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+
+
+def redact_uri(uri: str) -> str:
+    """Hide credentials (``user:password@``) in a tracking URI before printing or logging it."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        parts = parts._replace(netloc=f"***@{host}")
+    return urllib.parse.urlunsplit(parts)
+
+
+def config_params(config: PrecisionConfig) -> dict[str, str]:
+    """Every config field as a flat MLflow param (``loss_scale.kind`` -> ``dynamic``)."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        elif isinstance(value, list):
+            flat[prefix] = ",".join(map(str, value)) or "-"
+        else:
+            flat[prefix] = "-" if value is None else str(value)
+
+    data = config.to_dict()
+    data.pop("provenance", None)
+    walk("", data)
+    return flat
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            artifact_location = None
+            if tracking_uri.startswith("sqlite:"):
+                artifact_location = (run_dir / "mlartifacts").resolve().as_uri()
+            self.experiment_id = self.client.create_experiment(
+                experiment_name, artifact_location=artifact_location)
+        else:
+            self.experiment_id = experiment.experiment_id
+        self.parent_id: str | None = None
+
+    # -- parent ----------------------------------------------------------------------------
+    def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                     tags={"precision_tuner.kind": "tuning_job", **tags})
+        self.parent_id = run.info.run_id
+        self._log_params(self.parent_id, {k: str(v) for k, v in params.items()})
+        return self.parent_id
+
+    def finish_parent(self, *, metrics: dict[str, float], best: PrecisionConfig | None,
+                      summary_markdown: str, status: str = "FINISHED") -> None:
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, metrics.items())
+        if best is not None:
+            self.client.log_dict(self.parent_id, best.to_dict(), "best_precision.json")
+            self.client.set_tag(self.parent_id, "best_config", best.describe())
+        self.client.log_text(self.parent_id, summary_markdown, "summary.md")
+        self.client.set_terminated(self.parent_id, status)
+
+    # -- children --------------------------------------------------------------------------
+    def log_trial(self, *, config: PrecisionConfig, result: TrialResult, judgement: Judgement,
+                  baseline_ms: float | None, purpose: str = "search",
+                  optuna_number: int | None = None) -> str:
+        assert self.parent_id is not None
+        tags = {"mlflow.parentRunId": self.parent_id,
+                "precision_tuner.kind": "trial",
+                "trial_number": str(result.number),
+                "purpose": purpose,
+                "optuna_trial": "-" if optuna_number is None else str(optuna_number),
+                "verdict": judgement.verdict.value,
+                "reason": judgement.reason or "-",
+                "outcome": result.outcome.value,
+                "failure_class": result.failure_class.value if result.failure_class else "-",
+                "failure_message": result.failure_message[:5000] or "-",
+                "failure_layer": result.failure_layer or "-",
+                "exclusive_timing": str(result.exclusive_timing).lower(),
+                "node": result.node or "-",
+                "memory_source": result.memory_source or "-"}
+        run = self.client.create_run(self.experiment_id, tags=tags,
+                                     run_name=f"#{result.number} {config.describe()}")
+        run_id = run.info.run_id
+        self._log_params(run_id, config_params(config))
+        now = int(time.time() * 1000)
+        series = [("loss", result.losses), ("step_time_ms", result.step_times_ms),
+                  ("loss_scale", result.loss_scales)]
+        per_step = [(key, value, step) for key, values in series
+                    for step, value in enumerate(values) if value is not None]
+        summary: dict[str, float | None] = {
+            "median_step_ms": judgement.median_step_ms,
+            "loss_decrease_ratio": judgement.loss_decrease_ratio,
+            "stable": 1.0 if judgement.stable else 0.0,
+            "skipped_steps": float(result.skipped_steps),
+            "steps_run": float(len(result.losses)),
+            "setup_s": result.setup_s, "train_s": result.train_s, "wall_s": result.wall_s,
+            "weights_bytes": result.weights_bytes, "peak_memory_bytes": result.peak_memory_bytes,
+        }
+        if judgement.median_step_ms and result.batch_size:
+            summary["samples_per_s"] = result.batch_size * 1000.0 / judgement.median_step_ms
+        if judgement.median_step_ms and baseline_ms:
+            summary["speedup_vs_float32"] = baseline_ms / judgement.median_step_ms
+        if result.losses:
+            summary["final_loss"] = result.losses[-1]
+        self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
+                          per_step=per_step, timestamp=now)
+        self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
+        status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
+        self.client.set_terminated(run_id, status)
+        return run_id
+
+    def log_remeasure(self, run_id: str, median_ms: float, speedup: float | None) -> None:
+        metrics = [("remeasured_median_step_ms", median_ms)]
+        if speedup is not None:
+            metrics.append(("remeasured_speedup_vs_float32", speedup))
+        self._log_metrics(run_id, metrics)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _log_params(self, run_id: str, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), 90):
+            self.client.log_batch(run_id, params=items[start:start + 90])
+
+    def _log_metrics(self, run_id: str, summary: Iterable[tuple[str, float]], *,
+                     per_step: list[tuple[str, float, int]] = (), timestamp: int | None = None
+                     ) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = timestamp or int(time.time() * 1000)
+        metrics = [Metric(k, float(v), timestamp, 0) for k, v in summary]
+        metrics += [Metric(k, float(v), timestamp, step) for k, v, step in per_step]
+        for start in range(0, len(metrics), _MAX_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[start:start + _MAX_BATCH])

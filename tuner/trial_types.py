@@ -1,0 +1,111 @@
+"""What crosses the process boundary: a trial spec in, a trial result out. Plain data only.
+
+Both are dataclasses of builtins (str, int, float, list, dict, None), picklable and convertible
+with ``to_dict``/``from_dict``, so a trial can run in this process, a subprocess or a Ray actor.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class TrialOutcome(str, enum.Enum):
+    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.search)."""
+
+    COMPLETED = "completed"   # trained the whole budget (losses may still be non-finite)
+    DIVERGED = "diverged"     # stopped early: loss became non-finite
+    STOPPED_SLOW = "stopped_slow"  # stopped early: clearly slower than the best stable trial
+    FAILED = "failed"         # an error prevented training (see FailureClass)
+
+
+class FailureClass(str, enum.Enum):
+    DTYPE_MISMATCH = "dtype_mismatch"
+    OUT_OF_MEMORY = "out_of_memory"
+    NON_FINITE = "non_finite"
+    TASK_ERROR = "task_error"        # the user's task code raised (build_model, data, ...)
+    WORKER_CRASHED = "worker_crashed"
+    TIMEOUT = "timeout"
+    OTHER = "other"
+
+
+@dataclass
+class TrialSpec:
+    """Everything a worker needs to run one trial."""
+
+    number: int
+    task_path: str
+    config: dict[str, Any]            # PrecisionConfig.to_dict()
+    steps: int
+    warmup_steps: int
+    seed: int = 0
+    stop_if_slower_than_ms: float | None = None  # early stop when median step time exceeds it
+    purpose: str = "search"           # "search" | "remeasure"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class TrialResult:
+    """What one trial measured. Lists are per training step, in order."""
+
+    number: int
+    outcome: TrialOutcome
+    losses: list[float] = field(default_factory=list)
+    step_times_ms: list[float] = field(default_factory=list)
+    loss_scales: list[float | None] = field(default_factory=list)
+    skipped_steps: int = 0
+    first_non_finite_step: int | None = None
+    failure_class: FailureClass | None = None
+    failure_message: str = ""
+    failure_layer: str | None = None
+    stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
+    warmup_steps: int = 0
+    batch_size: int | None = None
+    weights_bytes: int | None = None     # bytes of all model weights (shows 16-bit savings)
+    peak_memory_bytes: int | None = None  # GPU peak, or host RSS growth during the trial
+    memory_source: str = ""
+    setup_s: float = 0.0      # import/build/compile of this trial, outside training steps
+    train_s: float = 0.0      # wall time inside training steps (sum of step times)
+    wall_s: float = 0.0       # whole trial on the worker
+    node: str = ""
+    exclusive_timing: bool = True
+
+    @property
+    def timed_steps_ms(self) -> list[float]:
+        """Step times after warm-up (tracing and first-step effects excluded)."""
+        return self.step_times_ms[self.warmup_steps:]
+
+    @property
+    def median_step_ms(self) -> float | None:
+        timed = sorted(self.timed_steps_ms)
+        if not timed:
+            return None
+        middle = len(timed) // 2
+        return timed[middle] if len(timed) % 2 else (timed[middle - 1] + timed[middle]) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        data["failure_class"] = self.failure_class.value if self.failure_class else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        kwargs["outcome"] = TrialOutcome(kwargs["outcome"])
+        if kwargs.get("failure_class"):
+            kwargs["failure_class"] = FailureClass(kwargs["failure_class"])
+        return cls(**kwargs)
+
+    @classmethod
+    def failed(cls, number: int, failure_class: FailureClass, message: str,
+               layer: str | None = None, **extra: Any) -> "TrialResult":
+        return cls(number=number, outcome=TrialOutcome.FAILED, failure_class=failure_class,
+                   failure_message=message, failure_layer=layer, **extra)

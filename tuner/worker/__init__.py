@@ -1,0 +1,1 @@
+"""The worker side: everything that imports TensorFlow lives under this package."""

@@ -1,0 +1,171 @@
+"""Import a task file in the worker and turn its data into a fixed list of batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from tuner.errors import TaskError, describe
+
+
+@dataclass
+class Task:
+    path: Path
+    module: Any
+    build_model: Callable
+    train_data: Callable
+    loss: Any
+    make_optimizer: Callable | None
+    batch_size: int
+    metrics: Any
+
+    def optimizer(self):
+        import keras
+
+        return self.make_optimizer() if self.make_optimizer else keras.optimizers.Adam(1e-3)
+
+
+_loaded: dict[tuple[str, float], Task] = {}
+
+
+def load_task(path: str) -> Task:
+    """Import the task file once per worker (re-imported when the file changes)."""
+    resolved = Path(path).resolve()
+    key = (str(resolved), resolved.stat().st_mtime)
+    if key in _loaded:
+        return _loaded[key]
+    module_name = f"precision_tuner_task_{abs(hash(key))}"
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:
+        raise TaskError(f"cannot import task file {resolved}. Is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(resolved.parent))  # let the task import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise TaskError(f"importing task file {resolved.name} raised {type(exc).__name__}: "
+                        f"{_first_line(exc)}. Fix the task file.") from exc
+    finally:
+        sys.path.remove(str(resolved.parent))
+    for name in ("build_model", "train_data", "LOSS"):
+        if not hasattr(module, name):
+            raise TaskError(f"task file {resolved.name} does not define {name}. A task file must "
+                            "define build_model(), train_data() and LOSS.")
+    for name in ("build_model", "train_data"):
+        if not callable(getattr(module, name)):
+            raise TaskError(f"{name} in {resolved.name} must be a function. Received: "
+                            f"{name}={describe(getattr(module, name))}")
+    batch_size = getattr(module, "BATCH_SIZE", 32)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TaskError(f"BATCH_SIZE in {resolved.name} must be a positive integer. Received: "
+                        f"BATCH_SIZE={describe(batch_size)}")
+    task = Task(path=resolved, module=module, build_model=module.build_model,
+                train_data=module.train_data, loss=module.LOSS,
+                make_optimizer=getattr(module, "make_optimizer", None),
+                batch_size=batch_size, metrics=getattr(module, "METRICS", None))
+    _loaded[key] = task
+    return task
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+_batch_cache: dict[tuple[str, int], list] = {}
+
+
+def fixed_batches(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
+    """The first ``steps`` full batches of the task's data, as tensors, in a fixed order.
+
+    Materialised once per worker so that every trial sees exactly the same data in the same
+    order (a reshuffling ``tf.data`` pipeline would otherwise differ between trials). Batches
+    whose size differs from the first (a partial last batch) are dropped: they would force a
+    retrace in the middle of the timed steps.
+    """
+    key = (str(task.path), steps)
+    if key not in _batch_cache:
+        _batch_cache[key] = _materialise(task, steps)
+    return _batch_cache[key]
+
+
+def _materialise(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
+    import tensorflow as tf
+
+    try:
+        data = task.train_data()
+    except Exception as exc:
+        raise TaskError(f"train_data() in {task.path.name} raised {type(exc).__name__}: "
+                        f"{_first_line(exc)}. Fix the task file.") from exc
+    if isinstance(data, tf.data.Dataset):
+        elements = _from_dataset(task, data, steps)
+    elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        elements = _from_arrays(task, data, steps)
+    else:
+        raise TaskError(f"train_data() in {task.path.name} must return a batched tf.data.Dataset "
+                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+    return [tuple(tf.nest.map_structure(tf.convert_to_tensor, part) if part is not None else None
+                  for part in element) for element in elements]
+
+
+def _leading_dims(structure: Any) -> set[int]:
+    import tensorflow as tf
+
+    return {int(np.shape(leaf)[0]) if np.ndim(leaf) else -1
+            for leaf in tf.nest.flatten(structure)}
+
+
+def _from_arrays(task: Task, data, steps: int) -> list[tuple]:
+    import tensorflow as tf
+
+    parts = list(data) + [None] * (3 - len(data))
+    sizes = _leading_dims([p for p in parts if p is not None])
+    if len(sizes) != 1 or -1 in sizes:
+        raise TaskError(f"train_data() in {task.path.name} returned arrays with different numbers "
+                        f"of samples (first dimensions {sorted(sizes)}). x and y must have one row "
+                        "per sample.")
+    samples = sizes.pop()
+    per_epoch = samples // task.batch_size
+    if per_epoch == 0:
+        raise TaskError(f"train_data() in {task.path.name} has {samples} samples, fewer than "
+                        f"BATCH_SIZE={task.batch_size}. Lower BATCH_SIZE or provide more data.")
+    batches = []
+    for index in range(min(steps, per_epoch)):
+        window = slice(index * task.batch_size, (index + 1) * task.batch_size)
+        batches.append(tuple(tf.nest.map_structure(lambda a: np.asarray(a)[window], p)
+                             if p is not None else None for p in parts))
+    return batches
+
+
+def _from_dataset(task: Task, dataset, steps: int) -> list[tuple]:
+    import tensorflow as tf
+
+    batches: list[tuple] = []
+    first_dims = None
+    # Repeat so that small datasets still fill the step budget; bound the scan.
+    for element in dataset.repeat().take(steps * 4):
+        if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
+            raise TaskError(f"train_data() in {task.path.name} must yield (x, y) or "
+                            f"(x, y, sample_weight) batches. Received an element: "
+                            f"{describe(element)}")
+        element = tuple(element) + (None,) * (3 - len(element))
+        dims = _leading_dims([p for p in element if p is not None])
+        if first_dims is None:
+            if min(len(tf.nest.flatten(element[0])[0].shape), 1) == 0:
+                raise TaskError(f"train_data() in {task.path.name} yields unbatched scalars; "
+                                "call .batch(BATCH_SIZE) on the dataset.")
+            first_dims = dims
+        if dims != first_dims:
+            continue
+        batches.append(element)
+        if len(batches) == steps:
+            break
+    if not batches:
+        raise TaskError(f"train_data() in {task.path.name} returned an empty dataset. Provide "
+                        "at least one batch.")
+    return batches
