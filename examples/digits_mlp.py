@@ -6,15 +6,15 @@ Tune it:  precision-tuner tune examples/digits_mlp.py --space quick
 import keras
 import numpy as np
 
-BATCH_SIZE = 128
+BATCH_SIZE = 256
 LOSS = "sparse_categorical_crossentropy"
 METRICS = ["accuracy"]
 
 
 def build_model():
     inputs = keras.Input(shape=(64,), name="pixels")
-    x = keras.layers.Dense(512, activation="relu")(inputs)
-    x = keras.layers.Dense(512, activation="relu")(x)
+    x = keras.layers.Dense(1024, activation="relu")(inputs)
+    x = keras.layers.Dense(1024, activation="relu")(x)
     outputs = keras.layers.Dense(10, activation="softmax", name="digit")(x)
     return keras.Model(inputs, outputs, name="digits_mlp")
 

@@ -27,12 +27,12 @@ def default_tracking_uri(run_dir: Path) -> str:
 def redact_uri(uri: str) -> str:
     """Hide credentials (``user:password@``) in a tracking URI before printing or logging it."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        parts = parts._replace(netloc=f"***@{host}")
-    return urllib.parse.urlunsplit(parts)
+    if not (parts.username or parts.password):
+        return uri
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def config_params(config: PrecisionConfig) -> dict[str, str]:

@@ -17,20 +17,34 @@ _DTYPE_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"must have the same dtype",
     r"dtype mismatch",
     r"cannot compute \w+ as input #\d+",
+    r"has type \w+ that does not match type \w+",
+    r"has type \w+ that does not match expected type",
 )]
 _OOM_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"\bOOM when allocating", r"out of memory", r"ResourceExhausted", r"failed to allocate")]
 _NODE_PATTERN = re.compile(r"(?:node|name:)\s+'?([A-Za-z_][\w.\-]*)(?:/[\w.\-/]*)?")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def first_line(exc: BaseException) -> str:
-    for line in str(exc).strip().splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Traceback", "File ")):
-            # TensorFlow prefixes messages with `{{function_node ...}}`; drop that noise.
-            line = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line)
-            return line[:300]
-    return type(exc).__name__
+    """The most telling line of an error message (Keras wraps the real error in a preamble)."""
+    lines = [_ANSI.sub("", line).strip() for line in str(exc).strip().splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("Traceback", "File "))]
+    for line in lines:
+        if any(p.search(line) for p in _DTYPE_PATTERNS + _OOM_PATTERNS):
+            return _clean(line)
+    if "Error encountered:" in lines:
+        inner = lines.index("Error encountered:") + 1
+        if inner < len(lines):
+            return _clean(lines[inner])
+    return _clean(lines[0]) if lines else type(exc).__name__
+
+
+def _clean(line: str) -> str:
+    # TensorFlow prefixes messages with `{{function_node ...}}`; drop that noise.
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", line)[:300]
 
 
 def innermost_layer(tb: TracebackType | None) -> str | None:

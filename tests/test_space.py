@@ -1,0 +1,98 @@
+import pytest
+
+from tuner.errors import SearchSpaceError
+from tuner.space import builtin_space_names, load_space
+
+
+class FirstChoice:
+    """A Suggester that records what was asked and answers with a fixed choice."""
+
+    def __init__(self, answers=None):
+        self.answers = answers or {}
+        self.asked = {}
+
+    def suggest_categorical(self, name, choices):
+        self.asked[name] = list(choices)
+        return self.answers.get(name, choices[0])
+
+
+def test_builtin_spaces_load_by_name():
+    assert {"quick", "default"} <= set(builtin_space_names())
+    quick = load_space("quick")
+    default = load_space("default")
+    assert quick.name == "quick" and "float32" in quick.policies
+    assert set(default.policies) == {"float32", "mixed_float16", "mixed_bfloat16", "float16",
+                                     "bfloat16"}
+    assert set(default.loss_scale_kinds) == {"none", "dynamic", "fixed"}
+    assert quick.size() < default.size()
+
+
+def test_loss_scale_is_only_asked_where_compute_is_float16():
+    space = load_space("default")
+    bf16 = FirstChoice({"policy": "mixed_bfloat16"})
+    cfg = space.suggest(bf16)
+    assert cfg.loss_scale.kind == "none"
+    assert "loss_scale" not in bf16.asked
+    f16 = FirstChoice({"policy": "mixed_float16", "loss_scale": "fixed", "fixed_value": 1024.0})
+    cfg = space.suggest(f16)
+    assert cfg.loss_scale.kind == "fixed" and cfg.loss_scale.value == 1024.0
+    assert "initial_scale" not in f16.asked
+    baseline = FirstChoice({"policy": "float32"})
+    space.suggest(baseline)
+    assert not any(name.startswith("f32_") for name in baseline.asked)
+
+
+def test_grid_is_distinct_and_matches_suggestions():
+    space = load_space("quick")
+    configs = list(space.grid())
+    keys = {repr(c.to_dict()) for c in configs}
+    assert len(keys) == len(configs) == space.size() == 7
+    for params in [space.baseline_params(), *space.recommended_params()]:
+        assert repr(space.config_from_params(params).to_dict()) in keys
+
+
+def test_recommended_configs_are_mixed_dynamic_with_float32_softmax():
+    recommended = [load_space("quick").config_from_params(p)
+                   for p in load_space("quick").recommended_params()]
+    assert [c.policy for c in recommended] == ["mixed_float16", "mixed_bfloat16"]
+    assert recommended[0].loss_scale.kind == "dynamic"
+    assert all(c.float32.groups == ("softmax",) for c in recommended)
+
+
+def test_space_from_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("policies: [float32, mixed_bfloat16]\nfloat32:\n  layers: [dense_2]\n"
+                    "trials: 3\ntrial:\n  steps: 12\n  warmup_steps: 2\n")
+    space = load_space(str(path))
+    assert space.name == "mine" and space.trials == 3 and space.budget.steps == 12
+    assert space.float32_layers == ("dense_2",)
+    cfg = space.suggest(FirstChoice({"policy": "mixed_bfloat16", "f32_layer:dense_2": True}))
+    assert cfg.float32.layers == ("dense_2",)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("policies: [float32, fp8]\n", "fp8"),
+    ("policies: [mixed_float16]\n", "must include float32"),
+    ("colour: blue\n", "unknown key `colour`"),
+    ("loss_scale:\n  kinds: [dynamic]\n  initial_scales: [-1]\n", "-1"),
+    ("loss_scale:\n  floor: 0\n", "floor=0"),
+    ("epsilon:\n  backend: [tiny]\n", "'tiny'"),
+    ("float32:\n  groups: [conv]\n", "'conv'"),
+    ("policies: float32\n", "non-empty list"),
+    ("trial:\n  steps: 4\n  warmup_steps: 5\n", "must exceed"),
+    ("policies: [float32\n", "YAML syntax error at line"),
+])
+def test_bad_spaces_name_file_key_and_value(tmp_path, text, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SearchSpaceError) as info:
+        load_space(str(path))
+    assert str(path) in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_unknown_names_and_paths():
+    with pytest.raises(SearchSpaceError, match="unknown search space 'huge'"):
+        load_space("huge")
+    with pytest.raises(SearchSpaceError, match="not found"):
+        load_space("nowhere/space.yaml")

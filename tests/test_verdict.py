@@ -1,0 +1,72 @@
+import math
+
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
+from tuner.verdict import Verdict, judge, loss_decrease
+
+RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9, expected_steps=20)
+
+
+def result(losses, times=None, scales=None, **extra):
+    return TrialResult(number=1, outcome=extra.pop("outcome", TrialOutcome.COMPLETED),
+                       losses=list(losses), step_times_ms=times or [10.0] * len(losses),
+                       loss_scales=scales or [None] * len(losses), warmup_steps=3, **extra)
+
+
+BASELINE = result([2.0 - 0.05 * i for i in range(20)])
+
+
+def test_loss_decrease_uses_start_and_end_windows():
+    # 20 steps -> windows of 3: mean(2.0, 1.95, 1.9) - mean(1.15, 1.1, 1.05)
+    assert math.isclose(loss_decrease(BASELINE.losses), 1.95 - 1.1)
+    assert loss_decrease([1.0]) is None
+
+
+def test_matching_the_baseline_is_stable():
+    judgement = judge(result(BASELINE.losses, times=[20.0] * 3 + [5.0] * 17), BASELINE, **RULES)
+    assert judgement.verdict is Verdict.STABLE and judgement.reason == ""
+    assert math.isclose(judgement.loss_decrease_ratio, 1.0)
+    assert judgement.median_step_ms == 5.0  # warm-up steps excluded
+
+
+def test_too_little_learning_is_unstable_with_the_percentage():
+    flat = result([2.0 - 0.02 * i for i in range(20)])
+    judgement = judge(flat, BASELINE, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert "reached 40% of float32's loss decrease" in judgement.reason
+
+
+def test_non_finite_loss_names_the_step():
+    diverged = result([2.0, 1.9, float("nan")], first_non_finite_step=2,
+                      outcome=TrialOutcome.DIVERGED)
+    judgement = judge(diverged, BASELINE, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert judgement.reason == "loss non-finite at step 2"
+
+
+def test_collapsed_loss_scale_is_unstable():
+    scales = [1024.0, 512.0, 4.0, 1.0] + [1.0] * 16
+    judgement = judge(result(BASELINE.losses, scales=scales), BASELINE, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert "loss scale fell to its floor (1) after 4 steps" in judgement.reason
+
+
+def test_too_many_skipped_steps_is_unstable():
+    judgement = judge(result(BASELINE.losses, skipped_steps=5), BASELINE, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE and "skipped 5 of 20 steps" in judgement.reason
+    assert judge(result(BASELINE.losses, skipped_steps=4), BASELINE, **RULES).stable
+
+
+def test_failures_and_early_stops_keep_their_reason():
+    failed = TrialResult.failed(3, FailureClass.DTYPE_MISMATCH, "dtype mismatch in layer x")
+    assert judge(failed, BASELINE, **RULES).verdict is Verdict.FAILED
+    assert judge(failed, BASELINE, **RULES).reason == "dtype mismatch in layer x"
+    slow = result([2.0, 1.9], outcome=TrialOutcome.STOPPED_SLOW, stop_reason="stopped at step 1")
+    judgement = judge(slow, BASELINE, **RULES)
+    assert judgement.verdict is Verdict.STOPPED_SLOW and judgement.reason == "stopped at step 1"
+
+
+def test_baseline_that_did_not_learn_falls_back_to_no_worse():
+    flat_baseline = result([1.0] * 20)
+    assert judge(result([1.0] * 20), flat_baseline, **RULES).stable
+    worse = judge(result([1.0] * 10 + [3.0] * 10), flat_baseline, **RULES)
+    assert worse.verdict is Verdict.UNSTABLE
