@@ -6,6 +6,7 @@ import argparse
 import datetime
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,9 +135,13 @@ def _check_writable_dir(path: Path) -> None:
     existing = path
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"run directory {str(path)!r} is not writable (checked {str(existing)!r})."
-                         " Choose another --run-dir.")
+    try:  # os.access() says yes to root everywhere; only a real attempt tells
+        if not existing.is_dir():
+            raise OSError("not a directory")
+        os.rmdir(tempfile.mkdtemp(prefix=".precision-tuner-check-", dir=existing))
+    except OSError as exc:
+        raise UsageError(f"{str(path)!r} is not writable ({str(existing)!r}: {exc.strerror or exc})."
+                         " Choose another location.") from None
 
 
 def _tune(args) -> int:

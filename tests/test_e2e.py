@@ -1,0 +1,109 @@
+"""A real tuning job through the CLI, checked through MLflow, Optuna and the written config."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, TASKS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    run_dir, out = tmp / "run", tmp / "best.yaml"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(TASKS / "tiny_mlp.py"), "--space", "quick",
+         "--trials", "6", "--steps", "14", "--run-dir", str(run_dir), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return run_dir, out, completed.stdout
+
+
+def test_summary_table_and_overhead_are_printed(tuned):
+    _, _, stdout = tuned
+    assert "precision-tuner: trials" in stdout
+    assert "spent outside training steps" in stdout
+    assert "best: " in stdout and "vs float32" in stdout
+
+
+def test_best_config_is_written_and_loadable(tuned):
+    from tuner import PrecisionConfig
+
+    run_dir, out, _ = tuned
+    best = PrecisionConfig.load(out)
+    assert best == PrecisionConfig.load(run_dir / "best_precision.json")
+    assert best.provenance["task"] == "tiny_mlp.py"
+    assert best.provenance["speedup_vs_float32"] > 0
+    trials = json.loads((run_dir / "trials.json").read_text())
+    assert len(trials) == 6
+    winner = next(t for t in trials if t["number"] == best.provenance["trial"])
+    assert winner["verdict"] == "stable"
+    assert trials[0]["config"]["policy"] == "float32"  # the baseline ran first
+
+
+def test_mlflow_has_parent_and_child_runs_with_metrics(tuned):
+    from mlflow import MlflowClient
+
+    run_dir, _, _ = tuned
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("precision-tuner/tiny_mlp")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("precision_tuner.kind") == "tuning_job"]
+    children = [r for r in runs if r.data.tags.get("precision_tuner.kind") == "trial"]
+    assert len(parents) == 1 and len(children) == 6
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert "best_speedup_vs_float32" in parent.data.metrics
+    assert "outside_training_fraction" in parent.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"best_precision.json", "summary.md"} <= artifacts
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["verdict"] in ("stable", "unstable", "failed", "stopped_slow")
+        assert child.data.params["policy"] in ("float32", "mixed_float16", "mixed_bfloat16")
+        assert "loss_scale.kind" in child.data.params
+        assert child.info.run_name.startswith("#")
+        assert "precision_config.json" in {a.path for a in client.list_artifacts(child.info.run_id)}
+    baseline = next(c for c in children if c.data.tags["trial_number"] == "0")
+    assert baseline.data.metrics["speedup_vs_float32"] == pytest.approx(1.0)
+    history = client.get_metric_history(baseline.info.run_id, "loss")
+    assert len(history) == 14 and [m.step for m in history] == list(range(14))
+    assert len(client.get_metric_history(baseline.info.run_id, "step_time_ms")) == 14
+    stable = [c for c in children if c.data.tags["verdict"] == "stable"]
+    assert all("median_step_ms" in c.data.metrics for c in stable)
+    float16 = [c for c in children if c.data.params["loss_scale.kind"] == "dynamic"]
+    for child in float16:
+        assert client.get_metric_history(child.info.run_id, "loss_scale")
+
+
+def test_optuna_study_holds_the_trials_with_constraints(tuned):
+    import optuna
+
+    run_dir, _, _ = tuned
+    storage = f"sqlite:///{run_dir / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len({json.dumps(t.params, sort_keys=True) for t in finished}) == 6
+    complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all("unstable" in t.constraints for t in complete)
+    assert study.best_trial.constraints["unstable"] <= 0
+
+
+def test_export_writes_yaml(tuned, tmp_path):
+    run_dir, _, _ = tuned
+    out = tmp_path / "exported.yaml"
+    completed = subprocess.run([sys.executable, "-m", "tuner", "export", "--run-dir",
+                                str(run_dir), "--format", "yaml", "--out", str(out)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    from tuner import PrecisionConfig
+
+    assert PrecisionConfig.load(out) == PrecisionConfig.load(run_dir / "best_precision.json")
+    again = subprocess.run([sys.executable, "-m", "tuner", "export", "--run-dir", str(run_dir),
+                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 2 and "already exists" in again.stderr
