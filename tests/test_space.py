@@ -47,6 +47,8 @@ def test_grid_is_distinct_and_matches_suggestions():
     configs = list(space.grid())
     keys = {repr(c.to_dict()) for c in configs}
     assert len(keys) == len(configs) == space.size() == 7
+    default = load_space("default")
+    assert default.size() == sum(1 for _ in default.grid()) == 1028
     for params in [space.baseline_params(), *space.recommended_params()]:
         assert repr(space.config_from_params(params).to_dict()) in keys
 

@@ -205,7 +205,16 @@ class SearchSpace:
                 yield self.config_from_params(params)
 
     def size(self) -> int:
-        return sum(1 for _ in self.grid())
+        """Number of distinct configs, computed without enumerating the grid."""
+        scale_options = sum(len(self.initial_scales) * len(self.growth_steps) if kind == "dynamic"
+                            else len(self.fixed_values) if kind == "fixed" else 1
+                            for kind in self.loss_scale_kinds)
+        switches = 2 ** (len(self.float32_groups) + len(self.float32_layers))
+        epsilons = len(self.backend_epsilons) * len(self.optimizer_epsilons)
+        return sum(epsilons
+                   * (scale_options if compute_dtype_of(policy) == "float16" else 1)
+                   * (switches if policy != "float32" else 1)
+                   for policy in self.policies)
 
 
 def _parse(data: object, source: str, name: str) -> SearchSpace:

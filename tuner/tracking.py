@@ -56,9 +56,11 @@ def config_params(config: PrecisionConfig) -> dict[str, str]:
 
 class Tracker:
     def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
+        from mlflow import MlflowClient
+
+        # After the import: importing mlflow configures its own loggers at INFO.
         for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        from mlflow import MlflowClient
 
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
