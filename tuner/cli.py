@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--time-limit", type=_positive_int, default=900, metavar="SECONDS",
                       help="per-trial time limit; a trial past it is killed [default: "
                            "%(default)s]")
+    tune.add_argument("--workers", type=_positive_int, default=1,
+                      help="trials run side by side on Ray (each worker a TensorFlow process); "
+                           "the winner is always re-timed alone [default: %(default)s]")
+    tune.add_argument("--ray-address", metavar="ADDRESS",
+                      help="attach to an existing Ray cluster (auto, HOST:PORT or ray://...) "
+                           "instead of starting a local one")
+    tune.add_argument("--executor", choices=("ray", "local"), default="ray",
+                      help="ray: trials on Ray actors; local: one plain subprocess, no Ray "
+                           "[default: %(default)s]")
     tune.add_argument("--finalists", type=_positive_int, default=3, help="stable candidates "
                       "re-measured back to back before naming the winner [default: %(default)s]")
 
@@ -182,7 +191,20 @@ def _tune(args) -> int:
                           trial_time_limit_s=float(args.time_limit))
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{space.name}[/] ({options.trials or space.trials} trials x {steps} steps)")
-    with LocalProcessExecutor() as executor:
+    if args.executor == "local" and (args.workers > 1 or args.ray_address):
+        raise UsageError("--workers and --ray-address need --executor ray. Received: "
+                         f"--executor local --workers {args.workers}"
+                         + (f" --ray-address {args.ray_address}" if args.ray_address else ""))
+    if args.executor == "local":
+        executor = LocalProcessExecutor()
+    else:
+        from tuner.ray_executor import RayExecutor
+
+        where = f"Ray cluster at {redact_uri(args.ray_address)}" if args.ray_address \
+            else "a local Ray instance"
+        console.print(f"starting {args.workers} worker(s) on {where}...")
+        executor = RayExecutor(workers=args.workers, address=args.ray_address)
+    with executor:
         console.print("starting the TensorFlow worker and checking the task...")
         task_info = executor.probe(str(task_path), steps)
         console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
@@ -190,7 +212,8 @@ def _tune(args) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         with _LiveProgress(console, options.trials or space.trials) as progress:
             summary = tune(options, executor, progress, task_info, started=started)
-        _copy_log(executor.log_path, run_dir / "worker.log")
+        if isinstance(executor, LocalProcessExecutor):
+            _copy_log(executor.log_path, run_dir / "worker.log")
     print_summary(summary, console)
     if summary.best_config is None:
         raise TunerError("no config could be chosen")

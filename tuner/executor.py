@@ -48,7 +48,7 @@ def _probe(task_path: str, steps: int) -> dict:
 class LocalProcessExecutor:
     """One reusable worker process on this machine; trials run one at a time (exclusive)."""
 
-    exclusive_timing = True
+    slots = 1
 
     def __init__(self, log_path: str | None = None) -> None:
         if log_path is None:
@@ -56,6 +56,7 @@ class LocalProcessExecutor:
             os.close(handle)
         self.log_path = log_path
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pending: tuple[TrialSpec, float] | None = None
 
     def _ensure_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -78,6 +79,24 @@ class LocalProcessExecutor:
             self._kill()
             raise TrialInfrastructureError(
                 "the worker process crashed while loading the task; see " + self.log_path) from None
+
+    # The same interface as RayExecutor, with one slot: a submitted trial runs in wait_any().
+    def in_flight(self) -> int:
+        return 0 if self._pending is None else 1
+
+    def submit(self, spec: TrialSpec, time_limit_s: float) -> None:
+        if self._pending is not None:
+            raise TrialInfrastructureError("the local executor runs one trial at a time")
+        self._pending = (spec, time_limit_s)
+
+    def wait_any(self) -> list[TrialResult]:
+        if self._pending is None:
+            return []
+        (spec, limit), self._pending = self._pending, None
+        return [self.run(spec, limit)]
+
+    def run_exclusive(self, specs: list[TrialSpec], time_limit_s: float) -> list[TrialResult]:
+        return [self.run(spec, time_limit_s) for spec in specs]  # one worker: always exclusive
 
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         future = self._ensure_pool().submit(_run_trial, spec.to_dict())

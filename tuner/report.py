@@ -21,8 +21,9 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
         median = row.judgement.median_step_ms
         speedup = base / median if base and median else None
         marker = " ★" if summary.best is not None and row is summary.best else ""
+        shared = "" if row.result.exclusive_timing or median is None else " ‡"
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
-                     _fmt(median, ".2f"), _fmt(row.remeasured_ms, ".2f"),
+                     _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"),
                      _fmt(speedup, ".2f", "x"), _fmt(row.judgement.loss_decrease_ratio, ".0%"),
                      row.judgement.reason or ""])
     return rows
@@ -40,6 +41,9 @@ def headline(summary: "TuneSummary") -> list[str]:
                      f"({_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
+    if any(not r.result.exclusive_timing for r in summary.rows):
+        lines.append("‡ timed while another trial ran on the same node: used to screen for "
+                     "stability only; the winner was picked from exclusive re-measurements")
     stable = sum(r.judgement.stable for r in summary.rows)
     lines.append(f"trials: {len(summary.rows)} ({stable} stable)"
                  + ("; the search space was exhausted" if summary.space_exhausted else ""))

@@ -115,11 +115,12 @@ class Search:
         self.rows: list[TrialRow] = []
         self._by_key: dict[str, TrialRow] = {}
         self.train_s = 0.0
+        self.shared_remeasure = False  # True when no node could be reserved for re-measuring
 
     # -- bookkeeping -----------------------------------------------------------------------
     @property
     def baseline(self) -> TrialRow | None:
-        return self.rows[0] if self.rows else None
+        return self.rows[0] if self.rows else None  # trial 0 always finishes first, alone
 
     def best_stable(self) -> TrialRow | None:
         stable = [r for r in self.rows if r.judgement.stable and r.judgement.median_step_ms]
@@ -147,59 +148,85 @@ class Search:
                          warmup_steps=self.space.budget.warmup_steps, seed=self.options.seed,
                          stop_if_slower_than_ms=stop_if_slower_than_ms, purpose=purpose)
 
-    def _execute(self, spec: TrialSpec) -> TrialResult:
-        result = self.executor.run(spec, self.options.trial_time_limit_s)
-        result.exclusive_timing = bool(getattr(self.executor, "exclusive_timing", True))
+    def _account(self, result: TrialResult) -> TrialResult:
         self.train_s += result.train_s
         return result
 
     # -- the search ------------------------------------------------------------------------
     def run(self, study, tracker) -> bool:
-        """Run trials until the budget is spent; return True when the space ran out first."""
-        import optuna
+        """Run trials until the budget is spent; return True when the space ran out first.
 
+        The float32 baseline runs first and alone (every verdict and the early-stop limit
+        need it); after that up to ``executor.slots`` trials run side by side.
+        """
         trials = self.options.trials or self.space.trials
         distinct = self.space.size()
         study.enqueue_trial(self.space.baseline_params())
         for params in self.space.recommended_params():
             study.enqueue_trial(params)
-        duplicates = 0
-        while len(self.rows) < trials:
-            if len(self._by_key) >= distinct:
-                return True
-            trial = study.ask()
-            config = self.space.suggest(trial)
-            key = _config_key(config)
-            if key in self._by_key:
-                # Optuna proposed a config we already measured: answer from the record.
-                self._tell(study, trial, self._by_key[key])
-                duplicates += 1
-                if duplicates > _MAX_DUPLICATE_ASKS:
-                    return True
-                continue
-            if not self.rows and config.policy != "float32":
-                raise TunerError("internal error: the first trial must be the float32 baseline")
-            best = self.best_stable()
-            threshold = (self.options.slow_factor * best.judgement.median_step_ms
-                         if best is not None and best.judgement.median_step_ms else None)
-            number = len(self.rows)  # our numbering; Optuna's skips answered duplicates
-            self.progress.trial_started(number, config.describe())
-            result = self._execute(self._spec(number, config, stop_if_slower_than_ms=threshold))
-            row = TrialRow(number, config, result, self._judge(result))
-            if not self.rows and not row.judgement.stable:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise TunerError(f"the float32 baseline trial did not train stably "
-                                 f"({row.judgement.reason}); nothing can be judged against it. "
-                                 "Check the task with plain float32 training first.")
-            self.rows.append(row)
-            self._by_key[key] = row
-            self._tell(study, trial, row)
-            row.run_id = tracker.log_trial(
-                config=config, result=result, judgement=row.judgement,
-                baseline_ms=self.baseline.judgement.median_step_ms, optuna_number=trial.number)
-            best = self.best_stable()
-            self.progress.trial_finished(row, best, self._speedup(best))
-        return False
+        pending: dict[int, tuple[Any, PrecisionConfig, str]] = {}
+        waiting: dict[str, list] = {}      # Optuna trials that duplicate a pending one
+        submitted = duplicates = 0
+        exhausted = False
+        while True:
+            capacity = 1 if not self.rows else self.executor.slots
+            while (self.executor.in_flight() < capacity and submitted < trials
+                   and not exhausted):
+                if len(self._by_key) + len(pending) >= distinct:
+                    exhausted = True
+                    break
+                trial = study.ask()
+                config = self.space.suggest(trial)
+                key = _config_key(config)
+                if key in self._by_key or key in waiting:
+                    # Optuna proposed a config we already measured (or are measuring).
+                    if key in self._by_key:
+                        self._tell(study, trial, self._by_key[key])
+                    else:
+                        waiting[key].append(trial)
+                    duplicates += 1
+                    exhausted = duplicates > _MAX_DUPLICATE_ASKS
+                    continue
+                if submitted == 0 and config.policy != "float32":
+                    raise TunerError("internal error: the first trial must be the float32 "
+                                     "baseline")
+                number = submitted  # our numbering; Optuna's skips answered duplicates
+                submitted += 1
+                best = self.best_stable()
+                threshold = (self.options.slow_factor * best.judgement.median_step_ms
+                             if best is not None and best.judgement.median_step_ms else None)
+                self.progress.trial_started(number, config.describe())
+                self.executor.submit(self._spec(number, config, stop_if_slower_than_ms=threshold),
+                                     self.options.trial_time_limit_s)
+                pending[number] = (trial, config, key)
+                waiting[key] = []
+            if not pending:
+                return exhausted and submitted < trials
+            for result in self.executor.wait_any():
+                trial, config, key = pending.pop(result.number)
+                self._finish(study, tracker, trial, config, key, self._account(result),
+                             waiting.pop(key, []))
+
+    def _finish(self, study, tracker, trial, config: PrecisionConfig, key: str,
+                result: TrialResult, duplicates: list) -> None:
+        import optuna
+
+        row = TrialRow(result.number, config, result, self._judge(result))
+        if not self.rows and not row.judgement.stable:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise TunerError(f"the float32 baseline trial did not train stably "
+                             f"({row.judgement.reason}); nothing can be judged against it. "
+                             "Check the task with plain float32 training first.")
+        self.rows.append(row)
+        self._by_key[key] = row
+        self._tell(study, trial, row)
+        for duplicate in duplicates:
+            self._tell(study, duplicate, row)
+        row.run_id = tracker.log_trial(
+            config=config, result=result, judgement=row.judgement,
+            baseline_ms=self.baseline.judgement.median_step_ms, optuna_number=trial.number)
+        best = self.best_stable()
+        self.progress.trial_finished(row, best, self._speedup(best))
 
     @staticmethod
     def _tell(study, trial, row: TrialRow) -> None:
@@ -236,12 +263,17 @@ class Search:
                             f"({self.options.remeasure_rounds} rounds)")
         timings: dict[int, list[float]] = {row.number: [] for row in candidates}
         failed: set[int] = set()
-        for _ in range(self.options.remeasure_rounds):
-            for row in candidates:  # interleaved, so drift in machine speed hits all alike
-                result = self._execute(self._spec(row.number, row.config, purpose="remeasure"))
-                if not self._judge(result).stable:
-                    failed.add(row.number)
-                timings[row.number].extend(result.timed_steps_ms)
+        # Interleaved rounds, so that drift in machine speed hits every candidate alike, on a
+        # worker that has its node to itself.
+        specs = [self._spec(row.number, row.config, purpose="remeasure")
+                 for _ in range(self.options.remeasure_rounds) for row in candidates]
+        for result in self.executor.run_exclusive(specs, self.options.trial_time_limit_s):
+            self._account(result)
+            if not self._judge(result).stable:
+                failed.add(result.number)
+            if not result.exclusive_timing:
+                self.shared_remeasure = True
+            timings[result.number].extend(result.timed_steps_ms)
         for row in candidates:
             if timings[row.number]:
                 row.remeasured_ms = statistics.median(timings[row.number])
@@ -336,7 +368,7 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
                  "provenance": provenance(best, speedup, options, search.task_info)})
             best_config.save(run_dir / "best_precision.json", overwrite=True)
         wall_s = time.perf_counter() - started
-        summary = TuneSummary(rows=search.rows, best=best, baseline=search.baseline,
+        summary = TuneSummary(rows=sorted(search.rows, key=lambda r: r.number), best=best, baseline=search.baseline,
                               speedup=speedup, wall_s=wall_s, train_s=search.train_s,
                               run_dir=run_dir, parent_run_id=tracker.parent_id,
                               tracking_uri=tracking_uri,

@@ -42,6 +42,7 @@ class TrialSpec:
     seed: int = 0
     stop_if_slower_than_ms: float | None = None  # early stop when median step time exceeds it
     purpose: str = "search"           # "search" | "remeasure"
+    task_source: str | None = None    # the task file's code, for nodes without the file
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -77,6 +77,29 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+def task_file_here(task_path: str, task_source: str | None) -> str:
+    """The task file on this node: the same path when it holds the same code (one machine, or
+    a shared file system), else a copy of the driver's file in a per-content cache folder."""
+    if task_source is None:
+        return task_path
+    path = Path(task_path)
+    try:
+        if path.read_text() == task_source:
+            return task_path
+    except OSError:
+        pass
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(task_source.encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "precision-tuner-tasks" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / path.name
+    if not copy.exists():
+        copy.write_text(task_source)
+    return str(copy)
+
+
 _batch_cache: dict[tuple[str, int], list] = {}
 
 

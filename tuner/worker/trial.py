@@ -50,10 +50,10 @@ def _run(spec: TrialSpec) -> TrialResult:
     stage = "task"
     memory = _MemoryMeter()
     try:
-        from tuner.worker.task_loader import fixed_batches, load_task
+        from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
 
         reset_keras_state(spec.seed)
-        task = load_task(spec.task_path)
+        task = load_task(task_file_here(spec.task_path, spec.task_source))
         batches = fixed_batches(task, spec.steps)
         config = PrecisionConfig.from_dict(spec.config)
         memory.start()

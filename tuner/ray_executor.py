@@ -1,0 +1,349 @@
+"""Trials on Ray: a pool of long-lived TensorFlow actors, on this machine or a cluster.
+
+- Each actor imports TensorFlow once, sizes TensorFlow's thread pools to its CPU share (or
+  turns on memory growth on its GPU) and resets Keras's global state before every trial.
+- Ray never retries a trial: actors have ``max_restarts=0`` and ``max_task_retries=0``. An actor
+  that dies (segfault, killed for memory) fails that trial as "worker crashed" and is replaced;
+  a trial past its time limit has its actor killed (a running TensorFlow op cannot be
+  interrupted otherwise) and is recorded as "timeout".
+- Timing honesty: trials that ran beside another trial on the same node are marked
+  ``exclusive_timing=False``. The finalists are re-measured by ``run_exclusive`` on one actor
+  inside a placement group that reserves a whole node, so no other Ray work shares it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import TrialInfrastructureError, UsageError
+from tuner.trial_types import FailureClass, TrialResult, TrialSpec
+
+_PLACEMENT_TIMEOUT_S = 120.0
+_ACTOR_START_TIMEOUT_S = 600.0
+
+
+def _trial_actor_class():
+    import ray
+
+    @ray.remote(max_restarts=0, max_task_retries=0)
+    class TrialActor:
+        """One long-lived worker process: TensorFlow imported once, reused across trials."""
+
+        def __init__(self, threads: int, use_gpu: bool) -> None:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            try:  # Ray starts workers at nice 15: any busy process would starve our timings.
+                os.setpriority(os.PRIO_PROCESS, 0, 0)
+            except OSError:
+                pass
+            import tensorflow as tf
+
+            # Must happen before TensorFlow runs its first op.
+            if use_gpu:
+                for gpu in tf.config.list_physical_devices("GPU"):
+                    tf.config.experimental.set_memory_growth(gpu, True)
+            tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
+            tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+            context = ray.get_runtime_context()
+            self._node = f"{ray.util.get_node_ip_address()}/{context.get_node_id()[:8]}"
+
+        def node(self) -> str:
+            return self._node
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def run(self, spec_dict: dict) -> dict:
+            from tuner.worker.trial import run_trial
+
+            result = run_trial(spec_dict)
+            result["node"] = self._node
+            return result
+
+        def probe(self, task_path: str, task_source: str, steps: int) -> dict:
+            from tuner.worker.task_loader import task_file_here
+            from tuner.worker.trial import probe_task
+
+            return probe_task(task_file_here(task_path, task_source), steps)
+
+    return TrialActor
+
+
+@dataclass
+class _Slot:
+    actor: object
+    node: str
+    running: int | None = None          # trial number
+    ref: object = None
+    started: float = 0.0
+    limit_s: float = 0.0
+    overlapped: bool = False             # another trial ran on the same node meanwhile
+    pid: int | None = None
+
+
+class RayExecutor:
+    """``workers`` actors; ``address=None`` starts (and later stops) a local Ray instance."""
+
+    def __init__(self, workers: int = 1, address: str | None = None) -> None:
+        import ray
+
+        self.workers = workers
+        self.address = address
+        self._owns_ray = False
+        if not ray.is_initialized():
+            try:
+                if address is None:
+                    ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                             log_to_driver=False, logging_level=logging.WARNING,
+                             object_store_memory=200 * 1024 * 1024)
+                    self._owns_ray = True
+                else:
+                    ray.init(address=address, log_to_driver=False,
+                             logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else exc}. Start it "
+                                 "(`ray start --head`) or fix the address.") from None
+        resources = ray.cluster_resources()
+        self.total_cpus = int(resources.get("CPU", 1))
+        self.total_gpus = float(resources.get("GPU", 0))
+        self.gpus_per_worker = min(1.0, self.total_gpus / workers) if self.total_gpus else 0.0
+        self.cpus_per_worker = max(1, self.total_cpus // workers) if not self.total_gpus else 1
+        self._actor_class = _trial_actor_class()
+        self._slots: list[_Slot] = []
+        self._finished: list[TrialResult] = []
+        self.task_source_cache: dict[str, str] = {}
+
+    # -- the pool --------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.workers
+
+    def _new_actor(self, **options):
+        import ray
+
+        actor = self._actor_class.options(**options).remote(
+            options.get("num_cpus", 1), bool(options.get("num_gpus")))
+        try:
+            node, pid = ray.get([actor.node.remote(), actor.pid.remote()],
+                                timeout=_ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise TrialInfrastructureError(
+                f"a Ray worker did not start within {_ACTOR_START_TIMEOUT_S:.0f} s; is the "
+                "cluster short of CPUs/GPUs for --workers?") from None
+        return actor, node, pid
+
+    def _fill_pool(self) -> None:
+        import ray
+
+        missing = self.workers - len(self._slots)
+        if missing <= 0:
+            return
+        options = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": "SPREAD"}
+        if self.gpus_per_worker:
+            options["num_gpus"] = self.gpus_per_worker
+        actors = [self._actor_class.options(**options).remote(
+            self.cpus_per_worker, bool(self.gpus_per_worker)) for _ in range(missing)]
+        try:
+            infos = ray.get([a.node.remote() for a in actors] + [a.pid.remote() for a in actors],
+                            timeout=_ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for actor in actors:
+                ray.kill(actor)
+            raise TrialInfrastructureError(
+                f"Ray workers did not start within {_ACTOR_START_TIMEOUT_S:.0f} s; is the "
+                f"cluster short of resources for --workers {self.workers}?") from None
+        for index, actor in enumerate(actors):
+            self._slots.append(_Slot(actor, infos[index], pid=infos[missing + index]))
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the pool's actors (for fault-injection tests)."""
+        return [slot.pid for slot in self._slots if slot.pid is not None]
+
+    def running_pids(self) -> list[int]:
+        return [slot.pid for slot in self._slots if slot.running is not None and slot.pid]
+
+    # -- checking the task -----------------------------------------------------------------
+    def _source(self, task_path: str) -> str:
+        if task_path not in self.task_source_cache:
+            self.task_source_cache[task_path] = Path(task_path).read_text()
+        return self.task_source_cache[task_path]
+
+    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+        import ray
+
+        self._fill_pool()
+        slot = self._slots[0]
+        try:
+            return ray.get(slot.actor.probe.remote(task_path, self._source(task_path), steps),
+                           timeout=timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, UsageError):
+                raise UsageError(str(cause.args[0]) if cause.args else str(cause)) from None
+            raise TrialInfrastructureError(f"checking the task failed: {cause}") from None
+        except ray.exceptions.GetTimeoutError:
+            self._replace(slot)
+            raise TrialInfrastructureError(f"checking the task took longer than {timeout_s:.0f} "
+                                           "s (train_data() or build_model() may hang)") from None
+
+    # -- running trials --------------------------------------------------------------------
+    def in_flight(self) -> int:
+        return sum(slot.running is not None for slot in self._slots)
+
+    def submit(self, spec: TrialSpec, time_limit_s: float) -> None:
+        self._fill_pool()
+        slot = next(s for s in self._slots if s.running is None)
+        slot.ref = slot.actor.run.remote(self._with_source(spec))
+        slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
+        neighbours = [s for s in self._slots if s is not slot and s.running is not None
+                      and s.node == slot.node]
+        slot.overlapped = bool(neighbours)
+        for other in neighbours:
+            other.overlapped = True
+
+    def _with_source(self, spec: TrialSpec) -> dict:
+        # Another node may not have the driver's file: ship its source along with the spec.
+        return {**spec.to_dict(), "task_source": self._source(spec.task_path)}
+
+    def wait_any(self) -> list[TrialResult]:
+        """Block until at least one in-flight trial finished (or crashed, or timed out)."""
+        import ray
+
+        while True:
+            busy = [s for s in self._slots if s.running is not None]
+            if not busy:
+                return []
+            now = time.monotonic()
+            nearest = min(s.started + s.limit_s - now for s in busy)
+            ready, _ = ray.wait([s.ref for s in busy], num_returns=1,
+                                timeout=max(0.05, min(nearest, 1.0)))
+            results = [self._collect(s) for s in busy if s.ref in ready]
+            now = time.monotonic()
+            for slot in busy:
+                if slot.ref not in ready and now - slot.started > slot.limit_s:
+                    results.append(self._timeout(slot))
+            if results:
+                return results
+
+    def _collect(self, slot: _Slot) -> TrialResult:
+        import ray
+
+        number = slot.running
+        try:
+            result = TrialResult.from_dict(ray.get(slot.ref))
+            result.exclusive_timing = not slot.overlapped
+        except ray.exceptions.OutOfMemoryError as exc:
+            result = self._failed(slot, FailureClass.OUT_OF_MEMORY,
+                                  f"Ray killed the worker for memory: {str(exc).splitlines()[0]}")
+            self._replace(slot)
+        except ray.exceptions.RayActorError as exc:
+            result = self._failed(slot, FailureClass.WORKER_CRASHED,
+                                  "worker process crashed (" + (str(exc).splitlines()[0][:200]
+                                                               if str(exc) else "actor died")
+                                  + "); replaced")
+            self._replace(slot)
+        except ray.exceptions.RayError as exc:
+            result = self._failed(slot, FailureClass.OTHER, str(exc).splitlines()[0][:300])
+        assert result.number == number
+        slot.running = slot.ref = None
+        return result
+
+    def _timeout(self, slot: _Slot) -> TrialResult:
+        result = self._failed(slot, FailureClass.TIMEOUT,
+                              f"trial exceeded its time limit of {slot.limit_s:.0f} s; worker "
+                              "killed")
+        self._replace(slot)
+        slot.running = slot.ref = None
+        return result
+
+    def _failed(self, slot: _Slot, failure: FailureClass, message: str) -> TrialResult:
+        result = TrialResult.failed(slot.running, failure, message, node=slot.node)
+        result.wall_s = time.monotonic() - slot.started
+        return result
+
+    def _replace(self, slot: _Slot) -> None:
+        """Kill a slot's actor (no restart) and put a fresh one in its place, lazily."""
+        import ray
+
+        try:
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - it may already be gone
+            pass
+        self._slots.remove(slot)
+
+    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
+        """Run one trial and wait for it (nothing else may be in flight)."""
+        if self.in_flight():
+            raise TrialInfrastructureError("run() needs an idle pool")
+        self.submit(spec, time_limit_s)
+        (result,) = self.wait_any()
+        return result
+
+    # -- exclusive timing ------------------------------------------------------------------
+    def run_exclusive(self, specs: list[TrialSpec], time_limit_s: float) -> list[TrialResult]:
+        """Run specs one after another on one actor that has a whole node to itself."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        for slot in list(self._slots):  # the pool's actors hold CPUs the reservation needs
+            if slot.running is None:
+                self._replace(slot)
+        node_cpus = max(int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"])
+        bundle: dict[str, float] = {"CPU": node_cpus}
+        if self.total_gpus:
+            bundle["GPU"] = 1
+        group = placement_group([bundle], strategy="STRICT_PACK")
+        exclusive = True
+        try:
+            ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
+            actor, node, pid = self._new_actor(
+                num_cpus=node_cpus, num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=0))
+        except (ray.exceptions.GetTimeoutError, TrialInfrastructureError):
+            # The cluster is busy: measure anyway, and say that the timing was shared.
+            remove_placement_group(group)
+            group, exclusive = None, False
+            actor, node, pid = self._new_actor(num_cpus=1)
+        slot = _Slot(actor, node, pid=pid)
+        self._slots.append(slot)
+        results = []
+        try:
+            for spec in specs:
+                slot.ref = slot.actor.run.remote(self._with_source(spec))
+                slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), \
+                    time_limit_s
+                slot.overlapped = not exclusive
+                (result,) = self.wait_any()
+                results.append(result)
+                if slot not in self._slots:  # crashed or timed out: continue on a fresh one
+                    break
+        finally:
+            if slot in self._slots:
+                self._replace(slot)
+            if group is not None:
+                remove_placement_group(group)
+        results += [TrialResult.failed(s.number, FailureClass.WORKER_CRASHED,
+                                       "re-measure worker lost")
+                    for s in specs[len(results):]]
+        return results
+
+    def close(self) -> None:
+        import ray
+
+        for slot in list(self._slots):
+            self._replace(slot)
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> "RayExecutor":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
