@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "stable precision config.")
     tune.add_argument("task", metavar="TASK.py", help="task file: defines build_model(), "
                       "train_data() and LOSS (see README)")
-    tune.add_argument("--space", default="quick",
+    tune.add_argument("--space",
                       help="search space: a built-in name (quick, default) or a YAML path "
-                           "[default: %(default)s]")
+                           "[default: quick]")
     tune.add_argument("--trials", type=_positive_int, help="number of trials, baseline "
                       "included [default: the space's `trials`]")
     tune.add_argument("--steps", type=_positive_int,
@@ -76,8 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
                       help="where to write the best config (.json or .yaml) [default: %(default)s]")
     tune.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    tune.add_argument("--seed", type=int, default=0, help="seed for weights, data order and "
-                      "Optuna [default: %(default)s]")
+    tune.add_argument("--resume", action="store_true",
+                      help="continue the interrupted run in --run-dir (also automatic when "
+                           "--run-dir holds an unfinished run)")
+    tune.add_argument("--seed", type=int, help="seed for weights, data order and Optuna "
+                      "[default: 0]")
     tune.add_argument("--tolerance", type=_ratio, help="share of float32's loss decrease a "
                       "trial must reach to count as stable [default: the space's, 0.9]")
     tune.add_argument("--tracking-uri", help="MLflow tracking server URI [default: SQLite in "
@@ -136,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"precision-tuner: failed: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("precision-tuner: interrupted", file=sys.stderr)
+        hint = ""
+        if getattr(args, "command", None) == "tune" and getattr(args, "run_dir", None):
+            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {args.run_dir}"
+        print(f"precision-tuner: interrupted{hint}", file=sys.stderr)
         return 130
 
 
@@ -158,6 +164,7 @@ def _tune(args) -> int:
 
     from tuner.executor import LocalProcessExecutor
     from tuner.report import print_summary
+    from tuner.run_store import RunStore
     from tuner.search import TuneOptions, tune
     from tuner.space import load_space
     from tuner.task_file import check_task_file
@@ -167,7 +174,30 @@ def _tune(args) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
     task_path = check_task_file(args.task)
-    space = load_space(args.space)
+    run_dir = args.run_dir = args.run_dir or Path("runs") / (
+        f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    if args.executor == "local" and (args.workers > 1 or args.ray_address):
+        raise UsageError("--workers and --ray-address need --executor ray. Received: "
+                         f"--executor local --workers {args.workers}"
+                         + (f" --ray-address {args.ray_address}" if args.ray_address else ""))
+    store = RunStore(run_dir)
+    resuming = store.exists
+    previous = store.read_run() if resuming else None
+    if args.resume and not resuming:
+        raise UsageError(f"--resume: {str(run_dir)!r} holds no run to resume (no run.json). "
+                         "Pass the --run-dir of an interrupted `precision-tuner tune`.")
+    if previous is not None:
+        _check_resume(previous, task_path, args)
+        # A resumed run keeps its settings (checked above not to conflict with the flags).
+        space_ref = previous["space"]
+        args.trials, args.steps = previous["trials"], previous["steps"]
+        args.seed, args.tolerance = previous["seed"], previous["tolerance"]
+    else:
+        space_ref = _space_ref(args.space or "quick")
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
+                             "precision-tuner run. Choose a new --run-dir.")
+    space = load_space(space_ref)
     steps = args.steps or space.budget.steps
     if steps < space.budget.warmup_steps + 3:
         raise UsageError(f"--steps must exceed the space's warmup_steps "
@@ -177,24 +207,16 @@ def _tune(args) -> int:
     if args.out.exists() and not args.force:
         raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it, "
                          "or choose another --out.")
-    run_dir = args.run_dir or Path("runs") / (
-        f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise UsageError(f"run directory {str(run_dir)!r} is not empty. Choose a new --run-dir "
-                         "(each tuning job gets its own).")
     _check_writable_dir(run_dir)
     _check_writable_dir(args.out.resolve().parent)
 
     options = TuneOptions(task_path=task_path, space=space, run_dir=run_dir, trials=args.trials,
-                          steps=args.steps, seed=args.seed, min_loss_decrease_ratio=args.tolerance,
+                          steps=args.steps, seed=args.seed or 0,
+                          min_loss_decrease_ratio=args.tolerance,
                           tracking_uri=args.tracking_uri, finalists=args.finalists,
                           trial_time_limit_s=float(args.time_limit))
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{space.name}[/] ({options.trials or space.trials} trials x {steps} steps)")
-    if args.executor == "local" and (args.workers > 1 or args.ray_address):
-        raise UsageError("--workers and --ray-address need --executor ray. Received: "
-                         f"--executor local --workers {args.workers}"
-                         + (f" --ray-address {args.ray_address}" if args.ray_address else ""))
     if args.executor == "local":
         executor = LocalProcessExecutor()
     else:
@@ -209,9 +231,13 @@ def _tune(args) -> int:
         task_info = executor.probe(str(task_path), steps)
         console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                       f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with _LiveProgress(console, options.trials or space.trials) as progress:
-            summary = tune(options, executor, progress, task_info, started=started)
+        total = options.trials or space.trials
+        done = len(store.read_trials())
+        if resuming:
+            console.print(f"resuming {run_dir}: {done} of {total} trials already finished")
+        with _LiveProgress(console, total, done) as progress:
+            summary = tune(options, executor, progress, task_info, started=started,
+                           space_ref=space_ref)
         if isinstance(executor, LocalProcessExecutor):
             _copy_log(executor.log_path, run_dir / "worker.log")
     print_summary(summary, console)
@@ -222,6 +248,31 @@ def _tune(args) -> int:
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
                   + ("" if not args.tracking_uri else f"  (tracking: {redact_uri(args.tracking_uri)})"))
     return 0
+
+
+def _space_ref(space: str) -> str:
+    """How run.json names the space: a built-in name, or the YAML file's absolute path."""
+    if space.endswith((".yaml", ".yml")) or "/" in space:
+        return str(Path(space).resolve())
+    return space
+
+
+def _check_resume(previous: dict, task_path: Path, args) -> None:
+    """On resume, what the user passes must agree with what the run was started with."""
+    if previous.get("status") == "finished":
+        raise UsageError(f"the run in {str(args.run_dir)!r} already finished. Export its result "
+                         f"(precision-tuner export --run-dir {args.run_dir}) or choose a new "
+                         "--run-dir.")
+    if previous["task"] != str(task_path):
+        raise UsageError(f"--run-dir {str(args.run_dir)!r} belongs to task {previous['task']!r}, "
+                         f"not {str(task_path)!r}. Pass that task, or a new --run-dir.")
+    given = {"space": _space_ref(args.space) if args.space else None, "trials": args.trials,
+             "steps": args.steps, "seed": args.seed, "tolerance": args.tolerance}
+    for key, value in given.items():
+        if value is not None and value != previous[key]:
+            raise UsageError(f"--{key} {value} differs from the interrupted run's "
+                             f"{previous[key]!r}; a resumed run keeps its settings. Drop "
+                             f"--{key}, or start a new --run-dir.")
 
 
 def _copy_log(source: str, target: Path) -> None:
@@ -235,7 +286,7 @@ def _copy_log(source: str, target: Path) -> None:
 class _LiveProgress:
     """A rich progress bar: trials done, best speedup so far, the current trial."""
 
-    def __init__(self, console, total: int) -> None:
+    def __init__(self, console, total: int, completed: int = 0) -> None:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)
 
@@ -243,7 +294,7 @@ class _LiveProgress:
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.description}"),
                                  console=console, transient=True)
-        self.task = self.progress.add_task("starting", total=total)
+        self.task = self.progress.add_task("starting", total=total, completed=completed)
         self.best = "best: -"
 
     def __enter__(self):

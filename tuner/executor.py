@@ -12,6 +12,8 @@ import concurrent.futures
 import multiprocessing
 import os
 import tempfile
+import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 from tuner.errors import TrialInfrastructureError
@@ -21,8 +23,18 @@ from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 _WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 
 
+def _exit_with_parent() -> None:
+    """A worker whose driver was killed (SIGKILL leaves no time to clean up) exits too."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
 def _init_worker(log_path: str) -> None:
     os.environ.update(_WORKER_ENV)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     # The worker's stdout/stderr (TensorFlow and Keras chatter, user prints) go to a log file.
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from tuner.config import PrecisionConfig
 from tuner.errors import TunerError
+from tuner.run_store import RunStore
 from tuner.space import SearchSpace
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.verdict import Judgement, Verdict, judge
@@ -106,8 +107,9 @@ def _config_key(config: PrecisionConfig) -> str:
 
 class Search:
     def __init__(self, options: TuneOptions, executor, progress: Progress | None = None,
-                 task_info: dict[str, Any] | None = None) -> None:
+                 task_info: dict[str, Any] | None = None, store: RunStore | None = None) -> None:
         self.options = options
+        self.store = store
         self.space = options.space
         self.executor = executor
         self.progress = progress or _NoProgress()
@@ -116,6 +118,8 @@ class Search:
         self._by_key: dict[str, TrialRow] = {}
         self.train_s = 0.0
         self.shared_remeasure = False  # True when no node could be reserved for re-measuring
+        self.requeued: list[dict[str, Any]] = []  # params of trials a kill interrupted
+        self.running_runs: dict[int, str] = {}    # trial number -> its open MLflow run
 
     # -- bookkeeping -----------------------------------------------------------------------
     @property
@@ -152,21 +156,47 @@ class Search:
         self.train_s += result.train_s
         return result
 
+    # -- resuming --------------------------------------------------------------------------
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Take back the trials an earlier, interrupted process finished."""
+        for record in sorted(records, key=lambda r: r["number"]):
+            config = PrecisionConfig.from_dict(record["config"])
+            result = TrialResult.from_dict(record["result"])
+            row = TrialRow(result.number, config, result, self._judge(result), record.get("run_id"))
+            self.rows.append(row)
+            self._by_key[_config_key(config)] = row
+        if self.rows and (self.rows[0].number != 0 or self.rows[0].config.policy != "float32"):
+            raise TunerError("the run directory's trials.jsonl does not start with the float32 "
+                             "baseline; it cannot be resumed. Start a new --run-dir.")
+
+    def _fixed_queue(self) -> list[dict[str, Any]]:
+        """Configs to try before Optuna chooses: baseline, recommended, re-queued, not yet done."""
+        queue = [self.space.baseline_params(), *self.space.recommended_params(), *self.requeued]
+        done: set[str] = set(self._by_key)
+        todo = []
+        for params in queue:
+            key = _config_key(self.space.config_from_params(params))
+            if key not in done:
+                done.add(key)
+                todo.append(params)
+        return todo
+
     # -- the search ------------------------------------------------------------------------
     def run(self, study, tracker) -> bool:
         """Run trials until the budget is spent; return True when the space ran out first.
 
         The float32 baseline runs first and alone (every verdict and the early-stop limit
-        need it); after that up to ``executor.slots`` trials run side by side.
+        need it); after that up to ``executor.slots`` trials run side by side. Fixed configs
+        are enqueued just before they are asked for, so a resumed study never meets a stale
+        queue.
         """
         trials = self.options.trials or self.space.trials
         distinct = self.space.size()
-        study.enqueue_trial(self.space.baseline_params())
-        for params in self.space.recommended_params():
-            study.enqueue_trial(params)
+        queue = self._fixed_queue()
         pending: dict[int, tuple[Any, PrecisionConfig, str]] = {}
         waiting: dict[str, list] = {}      # Optuna trials that duplicate a pending one
-        submitted = duplicates = 0
+        submitted = len(self.rows)
+        duplicates = 0
         exhausted = False
         while True:
             capacity = 1 if not self.rows else self.executor.slots
@@ -175,6 +205,8 @@ class Search:
                 if len(self._by_key) + len(pending) >= distinct:
                     exhausted = True
                     break
+                if queue:
+                    study.enqueue_trial(queue.pop(0))
                 trial = study.ask()
                 config = self.space.suggest(trial)
                 key = _config_key(config)
@@ -187,7 +219,7 @@ class Search:
                     duplicates += 1
                     exhausted = duplicates > _MAX_DUPLICATE_ASKS
                     continue
-                if submitted == 0 and config.policy != "float32":
+                if not self.rows and not pending and config.policy != "float32":
                     raise TunerError("internal error: the first trial must be the float32 "
                                      "baseline")
                 number = submitted  # our numbering; Optuna's skips answered duplicates
@@ -196,6 +228,8 @@ class Search:
                 threshold = (self.options.slow_factor * best.judgement.median_step_ms
                              if best is not None and best.judgement.median_step_ms else None)
                 self.progress.trial_started(number, config.describe())
+                self.running_runs[number] = tracker.start_trial(
+                    number=number, config=config, optuna_number=trial.number)
                 self.executor.submit(self._spec(number, config, stop_if_slower_than_ms=threshold),
                                      self.options.trial_time_limit_s)
                 pending[number] = (trial, config, key)
@@ -214,17 +248,21 @@ class Search:
         row = TrialRow(result.number, config, result, self._judge(result))
         if not self.rows and not row.judgement.stable:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            tracker.log_trial(self.running_runs.pop(result.number), config=config,
+                              result=result, judgement=row.judgement, baseline_ms=None)
             raise TunerError(f"the float32 baseline trial did not train stably "
                              f"({row.judgement.reason}); nothing can be judged against it. "
                              "Check the task with plain float32 training first.")
+        row.run_id = self.running_runs.pop(result.number)
+        tracker.log_trial(row.run_id, config=config, result=result, judgement=row.judgement,
+                          baseline_ms=(self.baseline or row).judgement.median_step_ms)
+        if self.store is not None:  # first to disk: a kill after this line loses nothing
+            self.store.append_trial(row_record(row))
         self.rows.append(row)
         self._by_key[key] = row
         self._tell(study, trial, row)
         for duplicate in duplicates:
             self._tell(study, duplicate, row)
-        row.run_id = tracker.log_trial(
-            config=config, result=result, judgement=row.judgement,
-            baseline_ms=self.baseline.judgement.median_step_ms, optuna_number=trial.number)
         best = self.best_stable()
         self.progress.trial_finished(row, best, self._speedup(best))
 
@@ -312,41 +350,80 @@ def provenance(summary_best: TrialRow, speedup: float | None, options: TuneOptio
     }
 
 
-def create_study(run_dir: Path, study_name: str, seed: int):
+def recover_study(study) -> list[dict[str, Any]]:
+    """Fail the trials a killed process left RUNNING or WAITING; return their params."""
+    from optuna.trial import TrialState
+
+    requeue = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL)
+        requeue.append(dict(trial.params))
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        requeue.append(dict(waiting.system_attrs.get("fixed_params", {})))
+        study.tell(study.ask(), state=TrialState.FAIL)  # pops the oldest waiting trial
+    return [params for params in requeue if params]
+
+
+def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = False):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{(run_dir / 'optuna.db').resolve()}"
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+    if resume:
+        return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
     return optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
-                               sampler=sampler, load_if_exists=False)
+                               sampler=sampler)
+
+
+def run_settings(options: TuneOptions, space_ref: str) -> dict[str, Any]:
+    """What a run was asked to do, as recorded in run.json (and compared on resume)."""
+    return {"task": str(options.task_path), "space": space_ref,
+            "trials": options.trials or options.space.trials, "steps": options.budget_steps,
+            "seed": options.seed, "tolerance": options.tolerance}
 
 
 def tune(options: TuneOptions, executor, progress: Progress | None = None,
-         task_info: dict[str, Any] | None = None, started: float | None = None) -> TuneSummary:
-    """Run a whole tuning job; the caller has validated input and created ``run_dir``.
+         task_info: dict[str, Any] | None = None, started: float | None = None,
+         space_ref: str | None = None) -> TuneSummary:
+    """Run (or resume) a whole tuning job; the caller has validated input.
 
-    ``started`` (a ``time.perf_counter()`` value) lets the caller include its own start-up
-    (worker start, task check) in the reported wall time.
+    A run directory that already holds ``run.json`` is resumed: finished trials are kept,
+    trials that were running are failed in Optuna, their MLflow runs ended as killed, and
+    re-queued. ``started`` (a ``time.perf_counter()`` value) lets the caller include its own
+    start-up in the reported wall time.
     """
     from tuner.report import summary_markdown
     from tuner.tracking import Tracker, default_tracking_uri
 
     started = time.perf_counter() if started is None else started
     run_dir = options.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(run_dir)
+    resume = store.exists
     tracking_uri = options.tracking_uri or default_tracking_uri(run_dir)
     task_name = options.task_path.stem
     tracker = Tracker(tracking_uri, run_dir, f"precision-tuner/{task_name}")
-    study = create_study(run_dir, f"{task_name}-{run_dir.name}", options.seed)
-    tracker.start_parent(
-        f"tune {task_name} · {options.space.name}",
-        params={"task": str(options.task_path), "space": options.space.name,
-                "trials": options.trials or options.space.trials,
-                "steps": options.budget_steps, "seed": options.seed,
-                "min_loss_decrease_ratio": options.tolerance,
-                "slow_factor": options.slow_factor, "finalists": options.finalists},
-        tags={"run_dir": str(run_dir.resolve()), "machine": machine_description()})
-    search = Search(options, executor, progress, task_info)
+    search = Search(options, executor, progress, task_info, store)
+    if resume:
+        record = store.read_run()
+        study = create_study(run_dir, record["study_name"], options.seed, resume=True)
+        search.requeued = recover_study(study)
+        tracker.resume_parent(record["parent_run_id"])
+        search.restore(store.read_trials())
+    else:
+        study_name = f"{task_name}-{run_dir.name}"
+        study = create_study(run_dir, study_name, options.seed)
+        parent_id = tracker.start_parent(
+            f"tune {task_name} · {options.space.name}",
+            params={**run_settings(options, space_ref or options.space.name),
+                    "slow_factor": options.slow_factor, "finalists": options.finalists},
+            tags={"run_dir": str(run_dir.resolve()), "machine": machine_description()})
+        store.write_run({**run_settings(options, space_ref or options.space.name),
+                         "study_name": study_name, "parent_run_id": parent_id,
+                         "experiment": f"precision-tuner/{task_name}", "status": "running",
+                         "created_at": datetime.datetime.now(datetime.timezone.utc)
+                         .isoformat(timespec="seconds")})
     status = "FAILED"
     best = speedup = None
     exhausted = False
@@ -360,43 +437,52 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
                                       if search.baseline and search.baseline.remeasured_ms
                                       else None)
         status = "FINISHED"
-    finally:
-        best_config = None
-        if best is not None:
-            best_config = PrecisionConfig.from_dict(
-                {**best.config.to_dict(),
-                 "provenance": provenance(best, speedup, options, search.task_info)})
-            best_config.save(run_dir / "best_precision.json", overwrite=True)
-        wall_s = time.perf_counter() - started
-        summary = TuneSummary(rows=sorted(search.rows, key=lambda r: r.number), best=best, baseline=search.baseline,
-                              speedup=speedup, wall_s=wall_s, train_s=search.train_s,
-                              run_dir=run_dir, parent_run_id=tracker.parent_id,
-                              tracking_uri=tracking_uri,
-                              space_exhausted=status == "FINISHED" and exhausted,
-                              task_info=search.task_info, best_config=best_config)
-        _save_trials(run_dir, search.rows)
-        tracker.finish_parent(
-            metrics={k: v for k, v in {
-                "best_speedup_vs_float32": speedup,
-                "best_median_step_ms": best.remeasured_ms if best else None,
-                "float32_median_step_ms": search.baseline.remeasured_ms
-                if search.baseline else None,
-                "trials": float(len(search.rows)),
-                "stable_trials": float(sum(r.judgement.stable for r in search.rows)),
-                "wall_s": wall_s, "train_s": search.train_s,
-                "outside_training_fraction": summary.outside_training_fraction,
-            }.items() if v is not None},
-            best=best_config, summary_markdown=summary_markdown(summary), status=status)
+    except KeyboardInterrupt:
+        # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
+        # re-queued by the next `tune` on this run directory), and stop.
+        for run_id in search.running_runs.values():
+            tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
+        tracker.client.set_terminated(tracker.parent_id, "KILLED")
+        store.update_run(status="interrupted")
+        raise
+    except Exception:
+        tracker.client.set_terminated(tracker.parent_id, "FAILED")
+        store.update_run(status="failed")
+        raise
+    best_config = None
+    if best is not None:
+        best_config = PrecisionConfig.from_dict(
+            {**best.config.to_dict(),
+             "provenance": provenance(best, speedup, options, search.task_info)})
+        best_config.save(run_dir / "best_precision.json", overwrite=True)
+    wall_s = time.perf_counter() - started
+    rows = sorted(search.rows, key=lambda r: r.number)
+    summary = TuneSummary(rows=rows, best=best, baseline=search.baseline, speedup=speedup,
+                          wall_s=wall_s, train_s=search.train_s, run_dir=run_dir,
+                          parent_run_id=tracker.parent_id, tracking_uri=tracking_uri,
+                          space_exhausted=exhausted, task_info=search.task_info,
+                          best_config=best_config)
+    store.write_trials([row_record(r) for r in rows])
+    tracker.finish_parent(
+        metrics={k: v for k, v in {
+            "best_speedup_vs_float32": speedup,
+            "best_median_step_ms": best.remeasured_ms if best else None,
+            "float32_median_step_ms": search.baseline.remeasured_ms if search.baseline else None,
+            "trials": float(len(rows)),
+            "stable_trials": float(sum(r.judgement.stable for r in rows)),
+            "wall_s": wall_s, "train_s": search.train_s,
+            "outside_training_fraction": summary.outside_training_fraction,
+        }.items() if v is not None},
+        best=best_config, summary_markdown=summary_markdown(summary), status=status)
+    store.update_run(status="finished")
     return summary
 
 
-def _save_trials(run_dir: Path, rows: list[TrialRow]) -> None:
-    """Plain-data record of every trial, next to the stores (used by `export`)."""
-    records = [{"number": r.number, "config": r.config.to_dict(), "result": r.result.to_dict(),
-                "verdict": r.judgement.verdict.value, "reason": r.judgement.reason,
-                "loss_decrease_ratio": r.judgement.loss_decrease_ratio,
-                "median_step_ms": r.judgement.median_step_ms,
-                "remeasured_ms": r.remeasured_ms} for r in rows]
-    tmp = run_dir / ".trials.json.tmp"
-    tmp.write_text(json.dumps(records, indent=1, default=str))
-    tmp.replace(run_dir / "trials.json")
+def row_record(row: TrialRow) -> dict[str, Any]:
+    """A trial as plain data (trials.jsonl / trials.json)."""
+    return {"number": row.number, "config": row.config.to_dict(),
+            "result": row.result.to_dict(), "verdict": row.judgement.verdict.value,
+            "reason": row.judgement.reason,
+            "loss_decrease_ratio": row.judgement.loss_decrease_ratio,
+            "median_step_ms": row.judgement.median_step_ms,
+            "remeasured_ms": row.remeasured_ms, "run_id": row.run_id}

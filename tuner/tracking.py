@@ -93,17 +93,44 @@ class Tracker:
         self.client.log_text(self.parent_id, summary_markdown, "summary.md")
         self.client.set_terminated(self.parent_id, status)
 
+    def resume_parent(self, parent_id: str) -> list[str]:
+        """Continue an interrupted job's parent run; end its orphaned trial runs as killed."""
+        self.parent_id = parent_id
+        self.client.update_run(parent_id, status="RUNNING")
+        orphans = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and "
+                          "attributes.status = 'RUNNING'")
+        for run in orphans:
+            self.kill_trial(run.info.run_id, "the tuning process was stopped during this "
+                                             "trial; it was re-queued")
+        return [run.info.run_id for run in orphans]
+
     # -- children --------------------------------------------------------------------------
-    def log_trial(self, *, config: PrecisionConfig, result: TrialResult, judgement: Judgement,
-                  baseline_ms: float | None, purpose: str = "search",
-                  optuna_number: int | None = None) -> str:
+    def start_trial(self, *, number: int, config: PrecisionConfig,
+                    optuna_number: int | None = None, purpose: str = "search") -> str:
+        """Open a trial's run when it starts, so the UI shows what is running."""
         assert self.parent_id is not None
         tags = {"mlflow.parentRunId": self.parent_id,
                 "precision_tuner.kind": "trial",
-                "trial_number": str(result.number),
+                "trial_number": str(number),
                 "purpose": purpose,
                 "optuna_trial": "-" if optuna_number is None else str(optuna_number),
-                "verdict": judgement.verdict.value,
+                "verdict": "running"}
+        run = self.client.create_run(self.experiment_id, tags=tags,
+                                     run_name=f"#{number} {config.describe()}")
+        self._log_params(run.info.run_id, config_params(config))
+        return run.info.run_id
+
+    def kill_trial(self, run_id: str, reason: str) -> None:
+        self.client.set_tag(run_id, "verdict", "killed")
+        self.client.set_tag(run_id, "reason", reason)
+        self.client.set_terminated(run_id, "KILLED")
+
+    def log_trial(self, run_id: str, *, config: PrecisionConfig, result: TrialResult,
+                  judgement: Judgement, baseline_ms: float | None) -> None:
+        """Record a finished trial in the run opened by ``start_trial`` and close it."""
+        tags = {"verdict": judgement.verdict.value,
                 "reason": judgement.reason or "-",
                 "outcome": result.outcome.value,
                 "failure_class": result.failure_class.value if result.failure_class else "-",
@@ -112,10 +139,9 @@ class Tracker:
                 "exclusive_timing": str(result.exclusive_timing).lower(),
                 "node": result.node or "-",
                 "memory_source": result.memory_source or "-"}
-        run = self.client.create_run(self.experiment_id, tags=tags,
-                                     run_name=f"#{result.number} {config.describe()}")
-        run_id = run.info.run_id
-        self._log_params(run_id, config_params(config))
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         now = int(time.time() * 1000)
         series = [("loss", result.losses), ("step_time_ms", result.step_times_ms),
                   ("loss_scale", result.loss_scales)]
@@ -141,7 +167,6 @@ class Tracker:
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
         status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
         self.client.set_terminated(run_id, status)
-        return run_id
 
     def log_remeasure(self, run_id: str, median_ms: float, speedup: float | None) -> None:
         metrics = [("remeasured_median_step_ms", median_ms)]

@@ -132,8 +132,24 @@ def _materialise(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
     else:
         raise TaskError(f"train_data() in {task.path.name} must return a batched tf.data.Dataset "
                         f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+    _refuse_non_finite(task, elements)
     return [tuple(tf.nest.map_structure(tf.convert_to_tensor, part) if part is not None else None
                   for part in element) for element in elements]
+
+
+def _refuse_non_finite(task: Task, elements: list[tuple]) -> None:
+    """NaN or inf in the data would make every trial, float32 included, look unstable."""
+    import tensorflow as tf
+
+    for index, element in enumerate(elements):
+        for name, part in zip(("x", "y", "sample_weight"), element):
+            for leaf in tf.nest.flatten(part) if part is not None else []:
+                values = np.asarray(leaf)
+                if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+                    bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+                    raise TaskError(f"train_data() in {task.path.name} has {bad} NaN/inf "
+                                    f"value(s) in {name} of batch {index}. Clean or impute the "
+                                    "data before tuning.")
 
 
 def _leading_dims(structure: Any) -> set[int]:

@@ -1,0 +1,79 @@
+"""The run directory's own records, written so that a kill at any moment loses nothing.
+
+- ``run.json``: what was asked (task, space, budget, seed, study and MLflow ids); written once,
+  atomically, before the first trial. Holds no secrets (never the tracking URI).
+- ``trials.jsonl``: one line per finished trial, appended and fsync'ed as each one finishes;
+  a line cut short by a kill is ignored on reading.
+- ``trials.json``: every trial as one document, rewritten atomically at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UsageError
+
+RUN_FILE = "run.json"
+TRIALS_LOG = "trials.jsonl"
+RUN_SCHEMA_VERSION = 1
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class RunStore:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    @property
+    def exists(self) -> bool:
+        return (self.run_dir / RUN_FILE).is_file()
+
+    def read_run(self) -> dict[str, Any]:
+        path = self.run_dir / RUN_FILE
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}. The run directory is damaged; start a "
+                             "new one with another --run-dir.") from None
+        if data.get("schema_version", 0) > RUN_SCHEMA_VERSION:
+            raise UsageError(f"{path} was written by a newer precision-tuner (schema "
+                             f"{data.get('schema_version')}). Upgrade precision-tuner.")
+        return data
+
+    def write_run(self, data: dict[str, Any]) -> None:
+        write_atomic(self.run_dir / RUN_FILE,
+                     json.dumps({"schema_version": RUN_SCHEMA_VERSION, **data}, indent=2) + "\n")
+
+    def update_run(self, **changes: Any) -> None:
+        self.write_run({**self.read_run(), **changes})
+
+    def append_trial(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / TRIALS_LOG, "a") as handle:
+            handle.write(json.dumps(record, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_trials(self) -> list[dict[str, Any]]:
+        path = self.run_dir / TRIALS_LOG
+        if not path.is_file():
+            return []
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a kill: that trial is re-run
+        return records
+
+    def write_trials(self, records: list[dict[str, Any]]) -> None:
+        write_atomic(self.run_dir / "trials.json", json.dumps(records, indent=1, default=str))
