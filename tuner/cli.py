@@ -114,6 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "anything else exposes your runs to the network]")
     ui.add_argument("--port", type=_positive_int, default=5000)
 
+    diagnose = commands.add_parser(
+        "diagnose", help="per-layer float16/bfloat16 range diagnostics of a task",
+        description="Run a few instrumented float32 steps and show, per layer, how close "
+                    "activations and gradients come to float16's limits.")
+    diagnose.add_argument("task", metavar="TASK.py")
+    diagnose.add_argument("--steps", type=_positive_int, default=3,
+                          help="instrumented steps [default: %(default)s]")
+    diagnose.add_argument("--json", type=Path, metavar="FILE",
+                          help="also write the full diagnostics as JSON")
+    diagnose.add_argument("--all", action="store_true", help="show every layer, not the 25 "
+                          "riskiest")
+
     commands.add_parser("spaces", help="list the built-in search spaces")
     return parser
 
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return {"tune": _tune, "export": _export, "ui": _ui, "spaces": _spaces}[args.command](args)
+        return {"tune": _tune, "export": _export, "ui": _ui, "spaces": _spaces,
+                "diagnose": _diagnose}[args.command](args)
     except UsageError as exc:
         print(f"precision-tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -365,6 +378,30 @@ def _ui(args) -> int:
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", args.host, "--port", str(args.port)]
     return subprocess.call(command)
+
+
+def _diagnose(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from tuner.diagnostics_report import print_table
+    from tuner.executor import LocalProcessExecutor
+    from tuner.task_file import check_task_file
+
+    task_path = check_task_file(args.task)
+    if args.json is not None and args.json.exists():
+        raise UsageError(f"--json {str(args.json)!r} already exists. Remove it or choose another "
+                         "file.")
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    with LocalProcessExecutor() as executor:
+        executor.probe(str(task_path), args.steps)
+        diagnostics = executor.diagnose(str(task_path), args.steps)
+    print_table(diagnostics, console, limit=None if args.all else 25)
+    if args.json is not None:
+        args.json.write_text(json.dumps(diagnostics, indent=1) + "\n")
+        console.print(f"written to {args.json}")
+    return 0
 
 
 def _spaces(args) -> int:

@@ -57,6 +57,12 @@ def _probe(task_path: str, steps: int) -> dict:
     return probe_task(task_path, steps)
 
 
+def _diagnose(task_path: str, steps: int) -> dict:
+    from tuner.worker.diagnose import diagnose_task
+
+    return diagnose_task(task_path, steps)
+
+
 class LocalProcessExecutor:
     """One reusable worker process on this machine; trials run one at a time (exclusive)."""
 
@@ -91,6 +97,20 @@ class LocalProcessExecutor:
             self._kill()
             raise TrialInfrastructureError(
                 "the worker process crashed while loading the task; see " + self.log_path) from None
+
+    def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
+        """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
+        future = self._ensure_pool().submit(_diagnose, task_path, steps)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._kill()
+            raise TrialInfrastructureError(f"diagnostics took longer than {timeout_s:.0f} s") \
+                from None
+        except BrokenProcessPool:
+            self._kill()
+            raise TrialInfrastructureError("the worker crashed during diagnostics; see "
+                                           + self.log_path) from None
 
     # The same interface as RayExecutor, with one slot: a submitted trial runs in wait_any().
     def in_flight(self) -> int:

@@ -63,6 +63,12 @@ def _trial_actor_class():
             result["node"] = self._node
             return result
 
+        def diagnose(self, task_path: str, task_source: str, steps: int) -> dict:
+            from tuner.worker.diagnose import diagnose_task
+            from tuner.worker.task_loader import task_file_here
+
+            return diagnose_task(task_file_here(task_path, task_source), steps)
+
         def probe(self, task_path: str, task_source: str, steps: int) -> dict:
             from tuner.worker.task_loader import task_file_here
             from tuner.worker.trial import probe_task
@@ -190,6 +196,22 @@ class RayExecutor:
             self._replace(slot)
             raise TrialInfrastructureError(f"checking the task took longer than {timeout_s:.0f} "
                                            "s (train_data() or build_model() may hang)") from None
+
+    def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
+        import ray
+
+        self._fill_pool()
+        slot = self._slots[0]
+        try:
+            return ray.get(slot.actor.diagnose.remote(task_path, self._source(task_path), steps),
+                           timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._replace(slot)
+            raise TrialInfrastructureError(f"diagnostics took longer than {timeout_s:.0f} s") \
+                from None
+        except ray.exceptions.RayError as exc:
+            raise TrialInfrastructureError(f"diagnostics failed: {str(exc).splitlines()[0]}") \
+                from None
 
     # -- running trials --------------------------------------------------------------------
     def in_flight(self) -> int:

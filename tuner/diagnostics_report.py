@@ -1,0 +1,71 @@
+"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HEADERS = ["layer", "class", "act max", "act >f16 max", "act <f16 normal", "grad max",
+           "grad <f16 min", "w-grad <f16 min", "bf16 err", "risk"]
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{100 * value:.2g}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str]]:
+    layers = sorted(diagnostics["layers"], key=lambda layer: (-layer["risk"], layer["layer"]))
+    table = []
+    for layer in layers[:limit]:
+        act, grad, wgrad = layer["activation"], layer["gradient"], layer["weight_gradient"]
+        table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
+                      _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),
+                      _num(grad["abs_max"]), _pct(grad["underflow_fraction"]),
+                      _pct(wgrad["underflow_fraction"]) if wgrad else "-",
+                      _pct(act["bf16_rel_error"]), f"{layer['risk']:.2f}"])
+    return table
+
+
+def conclusions(diagnostics: dict[str, Any]) -> list[str]:
+    scale = diagnostics["loss_scale"]
+    lines = []
+    candidates = diagnostics["candidates"]
+    lines.append("float32 placement candidates (riskiest first): "
+                 + (", ".join(candidates[:8]) if candidates else "none: every layer fits float16"))
+    lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
+                 f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
+                 + ("it lifts the smallest gradients out of float16's subnormal range)"
+                    if scale["lifts_p01_to_normal"] else
+                    "the smallest 1% of gradients stay subnormal in float16 even so)"))
+    return lines
+
+
+def markdown(diagnostics: dict[str, Any]) -> str:
+    out = ["# per-layer diagnostics (float32 steps)", ""]
+    out += [f"- {line}" for line in conclusions(diagnostics)]
+    out += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    out += ["| " + " | ".join(row) + " |" for row in rows(diagnostics)]
+    return "\n".join(out) + "\n"
+
+
+def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) -> None:
+    from rich.table import Table
+
+    table = Table(title="per-layer ranges in float32, worst first "
+                        "(>f16 max: would overflow; <f16 min: would flush to zero)")
+    for header in HEADERS:
+        table.add_column(header, justify="left" if header in ("layer", "class") else "right",
+                         overflow="fold")
+    for row in rows(diagnostics, limit):
+        table.add_row(*row, style="red" if float(row[-1]) >= 1 else None)
+    console.print(table)
+    hidden = len(diagnostics["layers"]) - (limit or len(diagnostics["layers"]))
+    if hidden > 0:
+        console.print(f"({hidden} more layers with lower risk not shown)")
+    for line in conclusions(diagnostics):
+        console.print(line)

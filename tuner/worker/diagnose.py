@@ -1,0 +1,153 @@
+"""Per-layer numeric ranges from a few instrumented float32 steps.
+
+For every layer call we record the output activations and the loss gradient with respect to
+them, and for every layer with weights the weight gradients. Each tensor is summarised by:
+its largest magnitude; the fraction of values that would overflow float16 (> 65504); the
+fraction of non-zero values that would underflow float16 (flush to zero below 2^-24, or lose
+precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
+From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
+loss scale. Plain data out (``diagnose_task`` returns a dict).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+FLOAT16_MAX = 65504.0
+FLOAT16_MIN_NORMAL = 2.0**-14
+FLOAT16_MIN_SUBNORMAL = 2.0**-24
+_LOSS_SCALE_HEADROOM = 2.0**15   # keep the scaled largest gradient below half of float16's max
+_MAX_LOSS_SCALE_EXPONENT = 24
+
+
+def tensor_stats(values) -> dict[str, float]:
+    """Range statistics of one tensor, as plain floats."""
+    import tensorflow as tf
+
+    array = np.asarray(values, dtype=np.float64).ravel()
+    finite = array[np.isfinite(array)]
+    magnitude = np.abs(finite)
+    nonzero = magnitude[magnitude > 0]
+    if nonzero.size:
+        as_bf16 = tf.cast(tf.cast(nonzero, tf.bfloat16), tf.float64).numpy()
+        bf16_error = float(np.mean(np.abs(as_bf16 - nonzero) / nonzero))
+        small = float(np.percentile(nonzero, 1))
+    else:
+        bf16_error, small = 0.0, 0.0
+    count = max(1, array.size)
+    return {
+        "abs_max": float(magnitude.max()) if magnitude.size else 0.0,
+        "p01_nonzero": small,
+        "non_finite_fraction": float((array.size - finite.size) / count),
+        "overflow_fraction": float(np.count_nonzero(magnitude > FLOAT16_MAX) / count),
+        "underflow_fraction": float(np.count_nonzero(nonzero < FLOAT16_MIN_SUBNORMAL)
+                                    / max(1, nonzero.size)),
+        "subnormal_fraction": float(np.count_nonzero(nonzero < FLOAT16_MIN_NORMAL)
+                                    / max(1, nonzero.size)),
+        "bf16_rel_error": bf16_error,
+    }
+
+
+def _merge(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
+    if old is None:
+        return new
+    merged = {key: max(old[key], new[key]) for key in old}
+    merged["p01_nonzero"] = min(v for v in (old["p01_nonzero"], new["p01_nonzero"]) if v) \
+        if old["p01_nonzero"] or new["p01_nonzero"] else 0.0
+    return merged
+
+
+def risk_score(layer: dict[str, Any]) -> float:
+    """How much a layer stands to lose in float16: overflow weighs most, then underflow."""
+    act, grad = layer.get("activation") or {}, layer.get("gradient") or {}
+    score = 10.0 * (act.get("overflow_fraction", 0) + grad.get("overflow_fraction", 0))
+    score += 5.0 * act.get("non_finite_fraction", 0)
+    if act.get("abs_max", 0) > FLOAT16_MAX / 4:
+        score += 1.0  # near the edge: one more doubling overflows
+    score += act.get("underflow_fraction", 0) + 0.5 * act.get("subnormal_fraction", 0)
+    return score
+
+
+def recommend_loss_scale(gradient_abs_max: float, gradient_p01: float) -> dict[str, float]:
+    """The largest power of two that keeps the largest gradient below half of float16's max,
+    and how many of the small gradients it lifts out of float16's subnormal range."""
+    if gradient_abs_max <= 0:
+        return {"initial_scale": 2.0**15, "exponent": 15, "lifts_p01_to_normal": False}
+    exponent = math.floor(math.log2(_LOSS_SCALE_HEADROOM / gradient_abs_max))
+    exponent = max(0, min(_MAX_LOSS_SCALE_EXPONENT, exponent))
+    scale = 2.0**exponent
+    return {"initial_scale": scale, "exponent": exponent,
+            "lifts_p01_to_normal": bool(gradient_p01 * scale >= FLOAT16_MIN_NORMAL)}
+
+
+def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.trial import reset_keras_state
+
+    reset_keras_state(seed)
+    task = load_task(task_path)
+    batches = fixed_batches(task, max(steps, 1))
+    model = task.build_model()
+    model.compile(optimizer=task.optimizer(), loss=task.loss)
+    records: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    captured: list[tuple[str, Any]] = []
+    original_call = keras.layers.Layer.__call__
+
+    def recording_call(layer, *args, **kwargs):
+        output = original_call(layer, *args, **kwargs)
+        if not isinstance(layer, keras.Model):
+            for tensor in tf.nest.flatten(output):
+                if hasattr(tensor, "dtype") and tensor.dtype.is_floating:
+                    captured.append((layer.path or layer.name, layer, tensor))
+        return output
+
+    for step in range(steps):
+        x, y, sample_weight = batches[step % len(batches)]
+        captured.clear()
+        keras.layers.Layer.__call__ = recording_call
+        try:
+            with tf.GradientTape() as tape:
+                prediction = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=prediction,
+                                          sample_weight=sample_weight)
+        finally:
+            keras.layers.Layer.__call__ = original_call
+        tensors = [tensor for _, _, tensor in captured]
+        weights = model.trainable_weights
+        gradients = tape.gradient(loss, tensors + weights,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        activation_grads, weight_grads = gradients[:len(tensors)], gradients[len(tensors):]
+        for (name, layer, tensor), gradient in zip(captured, activation_grads):
+            record = records.setdefault(name, {"layer": name, "class": type(layer).__name__,
+                                               "activation": None, "gradient": None,
+                                               "weight_gradient": None})
+            if name not in order:
+                order.append(name)
+            record["activation"] = _merge(record["activation"], tensor_stats(tensor))
+            record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
+        owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
+        for weight, gradient in zip(weights, weight_grads):
+            name = owners.get(id(weight))
+            if name is not None and gradient is not None:
+                records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
+                                                          tensor_stats(gradient))
+        model.optimizer.apply(weight_grads, weights)
+    layers = [records[name] for name in order]
+    for layer in layers:
+        layer["risk"] = risk_score(layer)
+    grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
+    grad_max = max((g["abs_max"] for g in grads), default=0.0)
+    grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
+    ranked = sorted((layer for layer in layers if layer["risk"] > 0),
+                    key=lambda layer: layer["risk"], reverse=True)
+    return {"task": str(task.path), "steps": steps, "layers": layers,
+            "candidates": [layer["layer"] for layer in ranked],
+            "loss_scale": recommend_loss_scale(grad_max, grad_p01),
+            "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
