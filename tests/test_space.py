@@ -98,3 +98,19 @@ def test_unknown_names_and_paths():
         load_space("huge")
     with pytest.raises(SearchSpaceError, match="not found"):
         load_space("nowhere/space.yaml")
+
+
+def test_auto_layers_search_the_k_riskiest_with_one_parameter(tmp_path):
+    path = tmp_path / "auto.yaml"
+    path.write_text("policies: [float32, mixed_bfloat16]\nfloat32:\n  auto_layers: 2\n")
+    space = load_space(str(path))
+    assert space.float32_auto_layers == 2 and space.size() == 2  # nothing diagnosed yet
+    space = space.with_risky_layers(["amplify", "out", "squash"])
+    assert space.risky_layers == ("amplify", "out")
+    asker = FirstChoice({"policy": "mixed_bfloat16", "f32_riskiest": 2})
+    assert space.suggest(asker).float32.layers == ("amplify", "out")
+    assert asker.asked["f32_riskiest"] == [0, 1, 2]
+    assert space.size() == sum(1 for _ in space.grid()) == 1 + 3
+    with pytest.raises(SearchSpaceError, match="auto_layers"):
+        (tmp_path / "bad.yaml").write_text("float32:\n  auto_layers: -1\n")
+        load_space(str(tmp_path / "bad.yaml"))

@@ -40,7 +40,10 @@ def test_non_finite_loss_names_the_step():
                       outcome=TrialOutcome.DIVERGED)
     judgement = judge(diverged, BASELINE, **RULES)
     assert judgement.verdict is Verdict.UNSTABLE
-    assert judgement.reason == "loss non-finite at step 2"
+    assert judgement.reason.startswith("loss non-finite at step 2 (the forward pass is finite")
+    diverged.failure_layer = "dense_2"
+    assert judge(diverged, BASELINE, **RULES).reason == \
+        "loss non-finite at step 2 (first non-finite output: layer dense_2)"
 
 
 def test_collapsed_loss_scale_is_unstable():

@@ -244,13 +244,18 @@ def _tune(args) -> int:
         task_info = executor.probe(str(task_path), steps)
         console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                       f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+        diagnostics = executor.diagnose(str(task_path), 3)
+        from tuner.diagnostics_report import conclusions
+
+        for line in conclusions(diagnostics):
+            console.print(f"diagnostics: {line}", markup=False)
         total = options.trials or space.trials
         done = len(store.read_trials())
         if resuming:
             console.print(f"resuming {run_dir}: {done} of {total} trials already finished")
         with _LiveProgress(console, total, done) as progress:
             summary = tune(options, executor, progress, task_info, started=started,
-                           space_ref=space_ref)
+                           space_ref=space_ref, diagnostics=diagnostics)
         if isinstance(executor, LocalProcessExecutor):
             _copy_log(executor.log_path, run_dir / "worker.log")
     print_summary(summary, console)
@@ -318,16 +323,21 @@ class _LiveProgress:
         self.progress.__exit__(*exc_info)
 
     def trial_started(self, number: int, description: str) -> None:
-        self.progress.update(self.task, description=f"{self.best} · now #{number} {description}")
+        from rich.markup import escape
+
+        self.progress.update(self.task,
+                             description=escape(f"{self.best} · now #{number} {description}"))
 
     def trial_finished(self, row, best, speedup) -> None:
         if best is not None and speedup is not None:
             self.best = f"best: {speedup:.2f}x"
+        from rich.markup import escape
+
         median = row.judgement.median_step_ms
-        self.console.print(
+        self.console.print(escape(
             f"  #{row.number:<3} {row.config.describe():<50} {row.judgement.verdict.value:<12} "
             + (f"{median:9.2f} ms/step" if median else " " * 17)
-            + (f"  {row.judgement.reason}" if row.judgement.reason else ""))
+            + (f"  {row.judgement.reason}" if row.judgement.reason else "")))
         self.progress.update(self.task, advance=1, description=self.best)
 
     def phase(self, text: str) -> None:

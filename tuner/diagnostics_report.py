@@ -11,7 +11,7 @@ HEADERS = ["layer", "class", "act max", "act >f16 max", "act <f16 normal", "grad
 def _pct(value: float | None) -> str:
     if value is None:
         return "-"
-    return "0" if value == 0 else f"{100 * value:.2g}%"
+    return "0" if value == 0 else f"{100 * value:.3g}%"
 
 
 def _num(value: float | None) -> str:
@@ -61,11 +61,13 @@ def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) ->
     for header in HEADERS:
         table.add_column(header, justify="left" if header in ("layer", "class") else "right",
                          overflow="fold")
+    from rich.markup import escape
+
     for row in rows(diagnostics, limit):
-        table.add_row(*row, style="red" if float(row[-1]) >= 1 else None)
+        table.add_row(*map(escape, row), style="red" if float(row[-1]) >= 1 else None)
     console.print(table)
     hidden = len(diagnostics["layers"]) - (limit or len(diagnostics["layers"]))
     if hidden > 0:
         console.print(f"({hidden} more layers with lower risk not shown)")
     for line in conclusions(diagnostics):
-        console.print(line)
+        console.print(line, markup=False)

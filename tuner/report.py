@@ -71,8 +71,10 @@ def print_summary(summary: "TuneSummary", console) -> None:
                          justify="right" if header in ("#", "median ms", "re-measured ms",
                                                        "speedup", "loss decr.") else "left")
     styles = {"stable": "green", "unstable": "red", "failed": "red", "stopped_slow": "yellow"}
+    from rich.markup import escape
+
     for cells in table_rows(summary):
-        table.add_row(*cells, style=styles.get(cells[2]))
+        table.add_row(*map(escape, cells), style=styles.get(cells[2]))
     console.print(table)
     for line in headline(summary):
-        console.print(line)
+        console.print(line, markup=False)

@@ -8,6 +8,7 @@ stability is an Optuna constraint, so ``study.best_trial`` is the fastest stable
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import platform
@@ -17,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tuner.config import PrecisionConfig
+from tuner.config import Float32Placement, PrecisionConfig
 from tuner.errors import TunerError
-from tuner.run_store import RunStore
+from tuner.run_store import RunStore, write_atomic
 from tuner.space import SearchSpace
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.verdict import Judgement, Verdict, judge
 
 UNSTABLE = 1.0  # Optuna constraint value of an unstable trial (feasible is <= 0)
@@ -119,6 +120,7 @@ class Search:
         self.train_s = 0.0
         self.shared_remeasure = False  # True when no node could be reserved for re-measuring
         self.requeued: list[dict[str, Any]] = []  # params of trials a kill interrupted
+        self.repairs: list[PrecisionConfig] = []  # dtype-mismatch fixes to try next
         self.running_runs: dict[int, str] = {}    # trial number -> its open MLflow run
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -202,6 +204,18 @@ class Search:
             capacity = 1 if not self.rows else self.executor.slots
             while (self.executor.in_flight() < capacity and submitted < trials
                    and not exhausted):
+                if self.repairs:
+                    # Outside Optuna's space: the failing layer, placed in float32.
+                    config = self.repairs.pop(0)
+                    key = _config_key(config)
+                    if key in self._by_key or key in waiting:
+                        continue
+                    number = submitted
+                    submitted += 1
+                    self._submit(tracker, number, config, None, purpose="repair")
+                    pending[number] = (None, config, key)
+                    waiting[key] = []
+                    continue
                 if len(self._by_key) + len(pending) >= distinct:
                     exhausted = True
                     break
@@ -224,14 +238,7 @@ class Search:
                                      "baseline")
                 number = submitted  # our numbering; Optuna's skips answered duplicates
                 submitted += 1
-                best = self.best_stable()
-                threshold = (self.options.slow_factor * best.judgement.median_step_ms
-                             if best is not None and best.judgement.median_step_ms else None)
-                self.progress.trial_started(number, config.describe())
-                self.running_runs[number] = tracker.start_trial(
-                    number=number, config=config, optuna_number=trial.number)
-                self.executor.submit(self._spec(number, config, stop_if_slower_than_ms=threshold),
-                                     self.options.trial_time_limit_s)
+                self._submit(tracker, number, config, trial.number)
                 pending[number] = (trial, config, key)
                 waiting[key] = []
             if not pending:
@@ -240,6 +247,29 @@ class Search:
                 trial, config, key = pending.pop(result.number)
                 self._finish(study, tracker, trial, config, key, self._account(result),
                              waiting.pop(key, []))
+
+    def _submit(self, tracker, number: int, config: PrecisionConfig, optuna_number: int | None,
+                purpose: str = "search") -> None:
+        best = self.best_stable()
+        threshold = (self.options.slow_factor * best.judgement.median_step_ms
+                     if best is not None and best.judgement.median_step_ms else None)
+        self.progress.trial_started(number, config.describe())
+        self.running_runs[number] = tracker.start_trial(
+            number=number, config=config, optuna_number=optuna_number, purpose=purpose)
+        self.executor.submit(self._spec(number, config, stop_if_slower_than_ms=threshold),
+                             self.options.trial_time_limit_s)
+
+    def _plan_repair(self, row: TrialRow) -> None:
+        """A dtype mismatch that names its layer: try that layer in float32 before giving up."""
+        layer = row.result.failure_layer
+        if (row.result.failure_class is not FailureClass.DTYPE_MISMATCH or not layer
+                or layer in row.config.float32.layers or row.config.policy == "float32"):
+            return
+        placement = Float32Placement(row.config.float32.groups,
+                                     row.config.float32.layers + (layer,))
+        repaired = dataclasses.replace(row.config, float32=placement)
+        if _config_key(repaired) not in self._by_key:
+            self.repairs.append(repaired)
 
     def _finish(self, study, tracker, trial, config: PrecisionConfig, key: str,
                 result: TrialResult, duplicates: list) -> None:
@@ -260,9 +290,11 @@ class Search:
             self.store.append_trial(row_record(row))
         self.rows.append(row)
         self._by_key[key] = row
-        self._tell(study, trial, row)
+        if trial is not None:  # repair trials live outside Optuna's space
+            self._tell(study, trial, row)
         for duplicate in duplicates:
             self._tell(study, duplicate, row)
+        self._plan_repair(row)
         best = self.best_stable()
         self.progress.trial_finished(row, best, self._speedup(best))
 
@@ -385,7 +417,7 @@ def run_settings(options: TuneOptions, space_ref: str) -> dict[str, Any]:
 
 def tune(options: TuneOptions, executor, progress: Progress | None = None,
          task_info: dict[str, Any] | None = None, started: float | None = None,
-         space_ref: str | None = None) -> TuneSummary:
+         space_ref: str | None = None, diagnostics: dict[str, Any] | None = None) -> TuneSummary:
     """Run (or resume) a whole tuning job; the caller has validated input.
 
     A run directory that already holds ``run.json`` is resumed: finished trials are kept,
@@ -401,6 +433,9 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
     run_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(run_dir)
     resume = store.exists
+    if diagnostics is not None:
+        options.space = options.space.with_risky_layers(diagnostics["candidates"])
+        write_atomic(run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = options.tracking_uri or default_tracking_uri(run_dir)
     task_name = options.task_path.stem
     tracker = Tracker(tracking_uri, run_dir, f"precision-tuner/{task_name}")
@@ -424,6 +459,8 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
                          "experiment": f"precision-tuner/{task_name}", "status": "running",
                          "created_at": datetime.datetime.now(datetime.timezone.utc)
                          .isoformat(timespec="seconds")})
+    if diagnostics is not None:
+        tracker.log_diagnostics(diagnostics)
     status = "FAILED"
     best = speedup = None
     exhausted = False

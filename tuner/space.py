@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
@@ -91,6 +91,8 @@ class SearchSpace:
     optimizer_epsilons: tuple[float | None, ...] = (None,)
     float32_groups: tuple[str, ...] = ()
     float32_layers: tuple[str, ...] = ()
+    float32_auto_layers: int = 0           # search the k riskiest diagnosed layers, k <= this
+    risky_layers: tuple[str, ...] = ()     # filled from diagnostics at run time
     trials: int = 8
     budget: TrialBudget = TrialBudget()
 
@@ -119,7 +121,15 @@ class SearchSpace:
             for pattern in self.float32_layers:
                 params[f"f32_layer:{pattern}"] = trial.suggest_categorical(
                     f"f32_layer:{pattern}", [False, True])
+            if self.risky_layers:
+                # One searched k instead of 2^layers switches: the k riskiest go to float32.
+                params["f32_riskiest"] = trial.suggest_categorical(
+                    "f32_riskiest", list(range(len(self.risky_layers) + 1)))
         return self.config_from_params(params)
+
+    def with_risky_layers(self, ranked: Sequence[str]) -> "SearchSpace":
+        """This space with the diagnosed layers (riskiest first) that `auto_layers` searches."""
+        return replace(self, risky_layers=tuple(ranked[:self.float32_auto_layers]))
 
     def config_from_params(self, params: Mapping[str, Any]) -> PrecisionConfig:
         kind = params.get("loss_scale", "none")
@@ -131,6 +141,8 @@ class SearchSpace:
             floor=self.loss_scale_floor)
         groups = tuple(g for g in self.float32_groups if params.get(f"f32_{g}"))
         layers = tuple(p for p in self.float32_layers if params.get(f"f32_layer:{p}"))
+        riskiest = self.risky_layers[:int(params.get("f32_riskiest", 0))]
+        layers += tuple(name for name in riskiest if name not in layers)
         return PrecisionConfig(
             policy=params["policy"], loss_scale=loss_scale,
             epsilon=Epsilon(params.get("backend_epsilon"), params.get("optimizer_epsilon")),
@@ -161,6 +173,8 @@ class SearchSpace:
                 params[f"f32_{group}"] = group in float32_groups
             for pattern in self.float32_layers:
                 params[f"f32_layer:{pattern}"] = False
+            if self.risky_layers:
+                params["f32_riskiest"] = 0
         return params
 
     def baseline_params(self) -> dict[str, Any]:
@@ -202,14 +216,16 @@ class SearchSpace:
                 names = [f"f32_{g}" for g in self.float32_groups] + \
                         [f"f32_layer:{p}" for p in self.float32_layers]
                 params.update(zip(names, switch))
-                yield self.config_from_params(params)
+                for k in range(len(self.risky_layers) + 1 if policy != "float32" else 1):
+                    yield self.config_from_params({**params, "f32_riskiest": k})
 
     def size(self) -> int:
         """Number of distinct configs, computed without enumerating the grid."""
         scale_options = sum(len(self.initial_scales) * len(self.growth_steps) if kind == "dynamic"
                             else len(self.fixed_values) if kind == "fixed" else 1
                             for kind in self.loss_scale_kinds)
-        switches = 2 ** (len(self.float32_groups) + len(self.float32_layers))
+        switches = 2 ** (len(self.float32_groups) + len(self.float32_layers)) \
+            * (len(self.risky_layers) + 1)
         epsilons = len(self.backend_epsilons) * len(self.optimizer_epsilons)
         return sum(epsilons
                    * (scale_options if compute_dtype_of(policy) == "float16" else 1)
@@ -253,7 +269,15 @@ def _parse(data: object, source: str, name: str) -> SearchSpace:
                 None if v is None else float(v) for v in
                 _choices(source, f"epsilon.{key}", epsilon[key], _positive_or_null,
                          "a positive number or null (keep the default)"))
-    placement = _mapping(source, "float32", top.get("float32"), ("groups", "layers"))
+    placement = _mapping(source, "float32", top.get("float32"), ("groups", "layers",
+                                                                 "auto_layers"))
+    if "auto_layers" in placement:
+        if not _int_at_least(0)(placement["auto_layers"]):
+            raise SearchSpaceError(f"{source}: `float32.auto_layers` must be an integer >= 0 "
+                                   f"(how many of the riskiest diagnosed layers may go to "
+                                   f"float32). Received: auto_layers="
+                                   f"{describe(placement['auto_layers'])}")
+        kwargs["float32_auto_layers"] = placement["auto_layers"]
     if placement.get("groups"):
         kwargs["float32_groups"] = _choices(source, "float32.groups", placement["groups"],
                                             lambda g: g in FLOAT32_GROUPS,

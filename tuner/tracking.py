@@ -93,6 +93,18 @@ class Tracker:
         self.client.log_text(self.parent_id, summary_markdown, "summary.md")
         self.client.set_terminated(self.parent_id, status)
 
+    def log_diagnostics(self, diagnostics: dict[str, Any]) -> None:
+        from tuner.diagnostics_report import markdown
+
+        assert self.parent_id is not None
+        self.client.log_dict(self.parent_id, diagnostics, "diagnostics.json")
+        self.client.log_text(self.parent_id, markdown(diagnostics), "diagnostics.md")
+        if diagnostics.get("candidates"):
+            self.client.set_tag(self.parent_id, "float32_candidates",
+                                ", ".join(diagnostics["candidates"][:10]))
+        self.client.set_tag(self.parent_id, "recommended_initial_loss_scale",
+                            f"2^{diagnostics['loss_scale']['exponent']}")
+
     def resume_parent(self, parent_id: str) -> list[str]:
         """Continue an interrupted job's parent run; end its orphaned trial runs as killed."""
         self.parent_id = parent_id

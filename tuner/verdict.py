@@ -59,7 +59,11 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
         step = result.first_non_finite_step
         if step is None:
             step = next(i for i, v in enumerate(result.losses) if not math.isfinite(v))
-        return Judgement(Verdict.UNSTABLE, f"loss non-finite at step {step}", None, median)
+        where = f" (first non-finite output: layer {result.failure_layer})" \
+            if result.failure_layer else " (the forward pass is finite: gradients or updates " \
+                                         "overflowed)"
+        return Judgement(Verdict.UNSTABLE, f"loss non-finite at step {step}{where}", None,
+                         median)
     scales = [s for s in result.loss_scales if s is not None]
     if scales and min(scales) <= floor:
         first = next(i for i, s in enumerate(result.loss_scales) if s is not None and s <= floor)

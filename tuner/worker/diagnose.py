@@ -95,6 +95,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     batches = fixed_batches(task, max(steps, 1))
     model = task.build_model()
     model.compile(optimizer=task.optimizer(), loss=task.loss)
+    model(batches[0][0], training=False)  # build first: a subclassed model traces symbolically
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     captured: list[tuple[str, Any]] = []
@@ -104,7 +105,8 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
         output = original_call(layer, *args, **kwargs)
         if not isinstance(layer, keras.Model):
             for tensor in tf.nest.flatten(output):
-                if hasattr(tensor, "dtype") and tensor.dtype.is_floating:
+                if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
+                        and tensor.dtype.is_floating:
                     captured.append((layer.path or layer.name, layer, tensor))
         return output
 

@@ -68,6 +68,9 @@ def _run(spec: TrialSpec) -> TrialResult:
             result.setup_s = time.perf_counter() - started
             _train(model, model.optimizer, batches, spec, result)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
+        if result.first_non_finite_step is not None:
+            result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
+                                                      result.first_non_finite_step)
     except TaskError as exc:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
@@ -125,6 +128,58 @@ def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> N
             result.outcome = TrialOutcome.STOPPED_SLOW
             result.stop_reason = reason
             return
+
+
+_MAX_REPLAY_STEPS = 50
+
+
+def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: int) -> str | None:
+    """Name the first layer whose output was non-finite at the step where the loss was.
+
+    The diverged model's weights are already damaged by that step's update, so the trial is
+    replayed (same seed, same batches: deterministic) up to just before that step, and the
+    forward pass of that step is run with every layer's output checked.
+    """
+    if step > _MAX_REPLAY_STEPS:
+        return None
+    reset_keras_state(seed)
+    with config.scope():
+        model = task.build_model()
+        model.compile(optimizer=config.wrap_optimizer(task.optimizer()), loss=task.loss,
+                      **config.compile_kwargs())
+        for index in range(step):
+            x, y, sample_weight = batches[index % len(batches)]
+            model.train_on_batch(x, y, sample_weight=sample_weight)
+        return first_non_finite_layer(model, batches[step % len(batches)][0])
+
+
+def first_non_finite_layer(model, x) -> str | None:
+    """Re-run the forward pass eagerly and name the first layer whose output is not finite."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    original_call = keras.layers.Layer.__call__
+    found: list[str] = []
+
+    def checking_call(layer, *args, **kwargs):
+        output = original_call(layer, *args, **kwargs)
+        if not found and not isinstance(layer, keras.Model):
+            for tensor in tf.nest.flatten(output):
+                if getattr(tensor, "dtype", None) is not None and tensor.dtype.is_floating \
+                        and not np.all(np.isfinite(keras.ops.convert_to_numpy(tensor))):
+                    found.append(layer.path or layer.name)
+                    break
+        return output
+
+    keras.layers.Layer.__call__ = checking_call
+    try:
+        model(x, training=True)
+    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
+        pass
+    finally:
+        keras.layers.Layer.__call__ = original_call
+    return found[0] if found else None
 
 
 def _too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms: float) -> str:
