@@ -48,7 +48,7 @@ def test_grid_is_distinct_and_matches_suggestions():
     keys = {repr(c.to_dict()) for c in configs}
     assert len(keys) == len(configs) == space.size() == 7
     default = load_space("default")
-    assert default.size() == sum(1 for _ in default.grid()) == 1028
+    assert default.size() == sum(1 for _ in default.grid()) == 772  # before diagnostics
     for params in [space.baseline_params(), *space.recommended_params()]:
         assert repr(space.config_from_params(params).to_dict()) in keys
 
@@ -105,7 +105,7 @@ def test_auto_layers_search_the_k_riskiest_with_one_parameter(tmp_path):
     path.write_text("policies: [float32, mixed_bfloat16]\nfloat32:\n  auto_layers: 2\n")
     space = load_space(str(path))
     assert space.float32_auto_layers == 2 and space.size() == 2  # nothing diagnosed yet
-    space = space.with_risky_layers(["amplify", "out", "squash"])
+    space = space.with_diagnostics(["amplify", "out", "squash"])
     assert space.risky_layers == ("amplify", "out")
     asker = FirstChoice({"policy": "mixed_bfloat16", "f32_riskiest": 2})
     assert space.suggest(asker).float32.layers == ("amplify", "out")
@@ -114,3 +114,20 @@ def test_auto_layers_search_the_k_riskiest_with_one_parameter(tmp_path):
     with pytest.raises(SearchSpaceError, match="auto_layers"):
         (tmp_path / "bad.yaml").write_text("float32:\n  auto_layers: -1\n")
         load_space(str(tmp_path / "bad.yaml"))
+
+
+def test_auto_initial_scale_takes_the_diagnosed_recommendation(tmp_path):
+    path = tmp_path / "auto.yaml"
+    path.write_text("policies: [float32, mixed_float16]\nloss_scale:\n  kinds: [dynamic]\n"
+                    "  initial_scales: [auto, 256]\n")
+    space = load_space(str(path))
+    assert space.initial_scales == (256.0,) and space.auto_initial_scale == "add"
+    assert space.with_diagnostics([], 2.0**20).initial_scales == (256.0, 2.0**20)
+    path.write_text("policies: [float32, mixed_float16]\nloss_scale:\n  kinds: [dynamic]\n"
+                    "  initial_scales: [auto]\n")
+    only = load_space(str(path))
+    assert only.initial_scales == (2.0**15,)  # until diagnostics run
+    diagnosed = only.with_diagnostics([], 2.0**20)
+    assert diagnosed.initial_scales == (2.0**20,)
+    config = diagnosed.suggest(FirstChoice({"policy": "mixed_float16"}))
+    assert config.loss_scale.initial_scale == 2.0**20

@@ -434,7 +434,8 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
     store = RunStore(run_dir)
     resume = store.exists
     if diagnostics is not None:
-        options.space = options.space.with_risky_layers(diagnostics["candidates"])
+        options.space = options.space.with_diagnostics(
+            diagnostics["candidates"], diagnostics["loss_scale"]["initial_scale"])
         write_atomic(run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = options.tracking_uri or default_tracking_uri(run_dir)
     task_name = options.task_path.stem

@@ -84,6 +84,8 @@ class SearchSpace:
     policies: tuple[str, ...] = ("float32", "mixed_float16", "mixed_bfloat16")
     loss_scale_kinds: tuple[str, ...] = ("none", "dynamic")
     initial_scales: tuple[float, ...] = (2.0**15,)
+    # "auto" in initial_scales: add the scale diagnostics recommends ("only": it alone).
+    auto_initial_scale: str = ""           # "" | "add" | "only"
     growth_steps: tuple[int, ...] = (2000,)
     fixed_values: tuple[float, ...] = (2.0**10,)
     loss_scale_floor: float = 1.0
@@ -127,9 +129,16 @@ class SearchSpace:
                     "f32_riskiest", list(range(len(self.risky_layers) + 1)))
         return self.config_from_params(params)
 
-    def with_risky_layers(self, ranked: Sequence[str]) -> "SearchSpace":
-        """This space with the diagnosed layers (riskiest first) that `auto_layers` searches."""
-        return replace(self, risky_layers=tuple(ranked[:self.float32_auto_layers]))
+    def with_diagnostics(self, ranked_layers: Sequence[str],
+                         recommended_scale: float | None = None) -> "SearchSpace":
+        """This space with what diagnostics found: the riskiest layers (for `auto_layers`) and
+        the recommended initial loss scale (for `initial_scales: [auto, ...]`)."""
+        scales = self.initial_scales
+        if self.auto_initial_scale and recommended_scale:
+            scales = (float(recommended_scale),) if self.auto_initial_scale == "only" else \
+                scales + tuple(s for s in (float(recommended_scale),) if s not in scales)
+        return replace(self, risky_layers=tuple(ranked_layers[:self.float32_auto_layers]),
+                       initial_scales=scales)
 
     def config_from_params(self, params: Mapping[str, Any]) -> PrecisionConfig:
         kind = params.get("loss_scale", "none")
@@ -250,8 +259,12 @@ def _parse(data: object, source: str, name: str) -> SearchSpace:
         kwargs["loss_scale_kinds"] = _choices(source, "loss_scale.kinds", scale["kinds"],
                                               lambda k: k in LOSS_SCALE_KINDS,
                                               f"one of {', '.join(LOSS_SCALE_KINDS)}")
+    if isinstance(scale.get("initial_scales"), list) and "auto" in scale["initial_scales"]:
+        listed = [v for v in scale["initial_scales"] if v != "auto"]
+        kwargs["auto_initial_scale"] = "add" if listed else "only"
+        scale = {**scale, "initial_scales": listed or [2.0**15]}  # 2^15 until diagnosed
     for key, attr, check, expected in (
-            ("initial_scales", "initial_scales", _positive, "a positive number"),
+            ("initial_scales", "initial_scales", _positive, "a positive number or auto"),
             ("fixed_values", "fixed_values", _positive, "a positive number"),
             ("growth_steps", "growth_steps", _int_at_least(1), "an integer >= 1")):
         if key in scale:

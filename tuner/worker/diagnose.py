@@ -21,12 +21,15 @@ FLOAT16_MIN_NORMAL = 2.0**-14
 FLOAT16_MIN_SUBNORMAL = 2.0**-24
 _LOSS_SCALE_HEADROOM = 2.0**15   # keep the scaled largest gradient below half of float16's max
 _MAX_LOSS_SCALE_EXPONENT = 24
+_MIN_CANDIDATE_RISK = 0.05  # e.g. 5% of activations flushing to zero, or any overflow
 
 
 def tensor_stats(values) -> dict[str, float]:
     """Range statistics of one tensor, as plain floats."""
     import tensorflow as tf
 
+    if isinstance(values, tf.IndexedSlices):  # embedding gradients: only the touched rows
+        values = values.values
     array = np.asarray(values, dtype=np.float64).ravel()
     finite = array[np.isfinite(array)]
     magnitude = np.abs(finite)
@@ -147,7 +150,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
     grad_max = max((g["abs_max"] for g in grads), default=0.0)
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    ranked = sorted((layer for layer in layers if layer["risk"] > 0),
+    ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
                     key=lambda layer: layer["risk"], reverse=True)
     return {"task": str(task.path), "steps": steps, "layers": layers,
             "candidates": [layer["layer"] for layer in ranked],
