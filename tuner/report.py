@@ -41,6 +41,9 @@ def headline(summary: "TuneSummary") -> list[str]:
                      f"({_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
+    if summary.shared_remeasure:
+        lines.append("warning: no Ray node could be reserved for the re-measurement (the "
+                     "cluster was busy); the winner's timing was taken beside other work")
     if any(not r.result.exclusive_timing for r in summary.rows):
         lines.append("‡ timed while another trial ran on the same node: used to screen for "
                      "stability only; the winner was picked from exclusive re-measurements")

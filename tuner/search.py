@@ -77,6 +77,7 @@ class TuneSummary:
     space_exhausted: bool = False
     task_info: dict[str, Any] = field(default_factory=dict)
     best_config: PrecisionConfig | None = None   # the winner, with provenance
+    shared_remeasure: bool = False      # no node could be reserved for the re-measurement
 
     @property
     def outside_training_fraction(self) -> float:
@@ -499,7 +500,8 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
                           wall_s=wall_s, train_s=search.train_s, run_dir=run_dir,
                           parent_run_id=tracker.parent_id, tracking_uri=tracking_uri,
                           space_exhausted=exhausted, task_info=search.task_info,
-                          best_config=best_config)
+                          best_config=best_config,
+                          shared_remeasure=search.shared_remeasure)
     store.write_trials([row_record(r) for r in rows])
     tracker.finish_parent(
         metrics={k: v for k, v in {
