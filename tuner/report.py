@@ -35,7 +35,12 @@ HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "
 
 def headline(summary: "TuneSummary") -> list[str]:
     lines = []
-    if summary.best is not None:
+    only_baseline = summary.best is not None and summary.best is summary.baseline and not any(
+        r.judgement.stable for r in summary.rows if r is not summary.baseline)
+    if only_baseline:
+        lines.append("best: float32 (trial #0): no 16-bit config was both stable and within "
+                     "the early-stop limit on this machine")
+    elif summary.best is not None:
         lines.append(f"best: {summary.best.config.describe()} (trial #{summary.best.number}), "
                      f"{_fmt(summary.speedup, '.2f', 'x')} vs float32 "
                      f"({_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
