@@ -27,7 +27,8 @@ def test_summary_table_and_overhead_are_printed(tuned):
     _, _, stdout = tuned
     assert "precision-tuner: trials" in stdout
     assert "spent outside training steps" in stdout
-    assert "best: " in stdout and "vs float32" in stdout
+    assert "best: " in stdout
+    assert "vs float32" in stdout or "no 16-bit config was both stable" in stdout
 
 
 def test_best_config_is_written_and_loadable(tuned):
