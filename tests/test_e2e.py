@@ -61,7 +61,12 @@ def test_mlflow_has_parent_and_child_runs_with_metrics(tuned):
     assert "best_speedup_vs_float32" in parent.data.metrics
     assert "outside_training_fraction" in parent.data.metrics
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"best_precision.json", "summary.md"} <= artifacts
+    assert {"best_precision.json", "summary.md", "diagnostics.json", "plots"} <= artifacts
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"plots/speed_vs_stability.png", "plots/loss_curves.png",
+            "plots/diagnostics.png"} <= plots
+    for name in ("speed_vs_stability.png", "loss_curves.png"):
+        assert (run_dir / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for child in children:
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags["verdict"] in ("stable", "unstable", "failed", "stopped_slow")

@@ -503,6 +503,7 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
                           best_config=best_config,
                           shared_remeasure=search.shared_remeasure)
     store.write_trials([row_record(r) for r in rows])
+    tracker.log_plots(_make_plots(summary, diagnostics, run_dir / "plots"))
     tracker.finish_parent(
         metrics={k: v for k, v in {
             "best_speedup_vs_float32": speedup,
@@ -516,6 +517,20 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
         best=best_config, summary_markdown=summary_markdown(summary), status=status)
     store.update_run(status="finished")
     return summary
+
+
+def _make_plots(summary: TuneSummary, diagnostics: dict[str, Any] | None,
+                folder: Path) -> list[Path]:
+    """Plots are a courtesy: a plotting problem is reported, never fatal to the job."""
+    import warnings
+
+    try:
+        from tuner.plots import make_all
+
+        return make_all(summary, diagnostics, folder)
+    except Exception as exc:  # noqa: BLE001
+        warnings.warn(f"could not draw the plots: {type(exc).__name__}: {exc}", stacklevel=2)
+        return []
 
 
 def row_record(row: TrialRow) -> dict[str, Any]:

@@ -93,6 +93,11 @@ class Tracker:
         self.client.log_text(self.parent_id, summary_markdown, "summary.md")
         self.client.set_terminated(self.parent_id, status)
 
+    def log_plots(self, paths: list[Path]) -> None:
+        assert self.parent_id is not None
+        for path in paths:
+            self.client.log_artifact(self.parent_id, str(path), "plots")
+
     def log_diagnostics(self, diagnostics: dict[str, Any]) -> None:
         from tuner.diagnostics_report import markdown
 
