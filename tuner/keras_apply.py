@@ -62,6 +62,27 @@ def wants_float32(cfg: PrecisionConfig, layer: keras.layers.Layer) -> bool:
 
 
 @contextlib.contextmanager
+def hook_layer_calls(before=None, after=None) -> Iterator[None]:
+    """Run ``before(layer)`` ahead of, and ``after(layer, output)`` behind, every Keras layer
+    call inside the block (the model's own call included); restored on exit."""
+    original_call = keras.layers.Layer.__call__
+
+    def call(layer, *args, **kwargs):
+        if before is not None:
+            before(layer)
+        output = original_call(layer, *args, **kwargs)
+        if after is not None:
+            after(layer, output)
+        return output
+
+    keras.layers.Layer.__call__ = call
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = original_call
+
+
+@contextlib.contextmanager
 def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
     previous_policy = keras.config.dtype_policy()
     previous_floatx = keras.config.floatx()
@@ -69,7 +90,6 @@ def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
     constructed: list[weakref.ref] = []
     explicit_dtype: weakref.WeakSet = weakref.WeakSet()
     original_init = keras.layers.Layer.__init__
-    original_call = keras.layers.Layer.__call__
 
     def place(layer: keras.layers.Layer) -> None:
         if getattr(layer, "_precision_tuner_placed", False) or layer in explicit_dtype:
@@ -85,11 +105,11 @@ def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
             explicit_dtype.add(self)  # the user (or a parent layer) chose; respect it
         constructed.append(weakref.ref(self))
 
-    def call(self, *args, **kwargs):
-        if not self.built:
-            place(self)
-        return original_call(self, *args, **kwargs)
+    def place_before_build(layer: keras.layers.Layer) -> None:
+        if not layer.built:
+            place(layer)
 
+    placing = bool(cfg.float32.groups or cfg.float32.layers)
     try:
         # Pure 16-bit policies also need floatx, so that backend ops default to 16 bits.
         floatx = cfg.compute_dtype if cfg.policy in ("float16", "bfloat16") else "float32"
@@ -97,17 +117,16 @@ def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
         keras.config.set_dtype_policy(cfg.policy)
         if cfg.epsilon.backend is not None:
             keras.config.set_epsilon(cfg.epsilon.backend)
-        if cfg.float32.groups or cfg.float32.layers:
+        if placing:
             keras.layers.Layer.__init__ = init
-            keras.layers.Layer.__call__ = call
-        yield
+        with hook_layer_calls(before=place_before_build if placing else None):
+            yield
         for ref in constructed:
             layer = ref()
             if layer is not None and not layer.built:
                 place(layer)
     finally:
         keras.layers.Layer.__init__ = original_init
-        keras.layers.Layer.__call__ = original_call
         keras.config.set_dtype_policy(previous_policy)
         keras.config.set_floatx(previous_floatx)
         keras.config.set_epsilon(previous_epsilon)

@@ -90,6 +90,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     import keras
     import tensorflow as tf
 
+    from tuner.keras_apply import hook_layer_calls
     from tuner.worker.task_loader import fixed_batches, load_task
     from tuner.worker.trial import reset_keras_state
 
@@ -101,29 +102,21 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     model(batches[0][0], training=False)  # build first: a subclassed model traces symbolically
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
-    captured: list[tuple[str, Any]] = []
-    original_call = keras.layers.Layer.__call__
+    captured: list[tuple[str, Any, Any]] = []
 
-    def recording_call(layer, *args, **kwargs):
-        output = original_call(layer, *args, **kwargs)
+    def capture(layer, output) -> None:
         if not isinstance(layer, keras.Model):
             for tensor in tf.nest.flatten(output):
                 if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
                         and tensor.dtype.is_floating:
                     captured.append((layer.path or layer.name, layer, tensor))
-        return output
 
     for step in range(steps):
         x, y, sample_weight = batches[step % len(batches)]
         captured.clear()
-        keras.layers.Layer.__call__ = recording_call
-        try:
-            with tf.GradientTape() as tape:
-                prediction = model(x, training=True)
-                loss = model.compute_loss(x=x, y=y, y_pred=prediction,
-                                          sample_weight=sample_weight)
-        finally:
-            keras.layers.Layer.__call__ = original_call
+        with hook_layer_calls(after=capture), tf.GradientTape() as tape:
+            prediction = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
         tensors = [tensor for _, _, tensor in captured]
         weights = model.trainable_weights
         gradients = tape.gradient(loss, tensors + weights,

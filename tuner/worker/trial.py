@@ -154,31 +154,29 @@ def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: 
 
 
 def first_non_finite_layer(model, x) -> str | None:
-    """Re-run the forward pass eagerly and name the first layer whose output is not finite."""
+    """Run the forward pass eagerly and name the first layer whose output is not finite."""
     import keras
     import numpy as np
     import tensorflow as tf
 
-    original_call = keras.layers.Layer.__call__
+    from tuner.keras_apply import hook_layer_calls
+
     found: list[str] = []
 
-    def checking_call(layer, *args, **kwargs):
-        output = original_call(layer, *args, **kwargs)
-        if not found and not isinstance(layer, keras.Model):
-            for tensor in tf.nest.flatten(output):
-                if getattr(tensor, "dtype", None) is not None and tensor.dtype.is_floating \
-                        and not np.all(np.isfinite(keras.ops.convert_to_numpy(tensor))):
-                    found.append(layer.path or layer.name)
-                    break
-        return output
+    def check(layer, output) -> None:
+        if found or isinstance(layer, keras.Model):
+            return
+        for tensor in tf.nest.flatten(output):
+            if getattr(tensor, "dtype", None) is not None and tensor.dtype.is_floating \
+                    and not np.all(np.isfinite(keras.ops.convert_to_numpy(tensor))):
+                found.append(layer.path or layer.name)
+                return
 
-    keras.layers.Layer.__call__ = checking_call
-    try:
-        model(x, training=True)
-    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
-        pass
-    finally:
-        keras.layers.Layer.__call__ = original_call
+    with hook_layer_calls(after=check):
+        try:
+            model(x, training=True)
+        except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
+            pass
     return found[0] if found else None
 
 
