@@ -83,34 +83,28 @@ class LocalProcessExecutor:
                 initializer=_init_worker, initargs=(self.log_path,))
         return self._pool
 
-    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
-        """Run the task-file checks that need TensorFlow; raises TaskError on a bad task."""
-        future = self._ensure_pool().submit(_probe, task_path, steps)
+    def _call(self, what: str, function, *args, timeout_s: float) -> dict:
+        """Run a one-off job (task check, diagnostics) in the worker; TaskError passes through."""
+        future = self._ensure_pool().submit(function, *args)
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             self._kill()
             raise TrialInfrastructureError(
-                f"checking the task took longer than {timeout_s:.0f} s (train_data() or "
-                "build_model() may hang); see the worker log " + self.log_path) from None
+                f"{what} took longer than {timeout_s:.0f} s (train_data() or build_model() may "
+                "hang); see the worker log " + self.log_path) from None
         except BrokenProcessPool:
             self._kill()
             raise TrialInfrastructureError(
-                "the worker process crashed while loading the task; see " + self.log_path) from None
+                f"the worker process crashed during {what}; see " + self.log_path) from None
+
+    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+        """Run the task-file checks that need TensorFlow; raises TaskError on a bad task."""
+        return self._call("checking the task", _probe, task_path, steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
-        future = self._ensure_pool().submit(_diagnose, task_path, steps)
-        try:
-            return future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            self._kill()
-            raise TrialInfrastructureError(f"diagnostics took longer than {timeout_s:.0f} s") \
-                from None
-        except BrokenProcessPool:
-            self._kill()
-            raise TrialInfrastructureError("the worker crashed during diagnostics; see "
-                                           + self.log_path) from None
+        return self._call("diagnostics", _diagnose, task_path, steps, timeout_s=timeout_s)
 
     # The same interface as RayExecutor, with one slot: a submitted trial runs in wait_any().
     def in_flight(self) -> int:
