@@ -53,9 +53,6 @@ def _trial_actor_class():
         def node(self) -> str:
             return self._node
 
-        def pid(self) -> int:
-            return os.getpid()
-
         def run(self, spec_dict: dict) -> dict:
             from tuner.worker.trial import run_trial
 
@@ -87,7 +84,6 @@ class _Slot:
     started: float = 0.0
     limit_s: float = 0.0
     overlapped: bool = False             # another trial ran on the same node meanwhile
-    pid: int | None = None
 
 
 class RayExecutor:
@@ -128,50 +124,33 @@ class RayExecutor:
     def slots(self) -> int:
         return self.workers
 
-    def _new_actor(self, **options):
+    def _start_actors(self, count: int, **options) -> list[_Slot]:
+        """Start ``count`` actors with these Ray options and wait until each is up."""
         import ray
 
-        actor = self._actor_class.options(**options).remote(
-            options.get("num_cpus", 1), bool(options.get("num_gpus")))
+        threads = int(options.get("num_cpus", 1))
+        actors = [self._actor_class.options(**options).remote(threads,
+                                                              bool(options.get("num_gpus")))
+                  for _ in range(count)]
         try:
-            node, pid = ray.get([actor.node.remote(), actor.pid.remote()],
-                                timeout=_ACTOR_START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            ray.kill(actor)
-            raise TrialInfrastructureError(
-                f"a Ray worker did not start within {_ACTOR_START_TIMEOUT_S:.0f} s; is the "
-                "cluster short of CPUs/GPUs for --workers?") from None
-        return actor, node, pid
-
-    def _fill_pool(self) -> None:
-        import ray
-
-        missing = self.workers - len(self._slots)
-        if missing <= 0:
-            return
-        options = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": "SPREAD"}
-        if self.gpus_per_worker:
-            options["num_gpus"] = self.gpus_per_worker
-        actors = [self._actor_class.options(**options).remote(
-            self.cpus_per_worker, bool(self.gpus_per_worker)) for _ in range(missing)]
-        try:
-            infos = ray.get([a.node.remote() for a in actors] + [a.pid.remote() for a in actors],
+            nodes = ray.get([actor.node.remote() for actor in actors],
                             timeout=_ACTOR_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             for actor in actors:
                 ray.kill(actor)
             raise TrialInfrastructureError(
                 f"Ray workers did not start within {_ACTOR_START_TIMEOUT_S:.0f} s; is the "
-                f"cluster short of resources for --workers {self.workers}?") from None
-        for index, actor in enumerate(actors):
-            self._slots.append(_Slot(actor, infos[index], pid=infos[missing + index]))
+                f"cluster short of CPUs/GPUs for --workers {self.workers}?") from None
+        return [_Slot(actor, node) for actor, node in zip(actors, nodes)]
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the pool's actors (for fault-injection tests)."""
-        return [slot.pid for slot in self._slots if slot.pid is not None]
-
-    def running_pids(self) -> list[int]:
-        return [slot.pid for slot in self._slots if slot.running is not None and slot.pid]
+    def _fill_pool(self) -> None:
+        missing = self.workers - len(self._slots)
+        if missing <= 0:
+            return
+        options = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": "SPREAD"}
+        if self.gpus_per_worker:
+            options["num_gpus"] = self.gpus_per_worker
+        self._slots.extend(self._start_actors(missing, **options))
 
     # -- checking the task -----------------------------------------------------------------
     def _source(self, task_path: str) -> str:
@@ -324,16 +303,15 @@ class RayExecutor:
         exclusive = True
         try:
             ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
-            actor, node, pid = self._new_actor(
-                num_cpus=node_cpus, num_gpus=bundle.get("GPU", 0),
+            (slot,) = self._start_actors(
+                1, num_cpus=node_cpus, num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=0))
         except (ray.exceptions.GetTimeoutError, TrialInfrastructureError):
             # The cluster is busy: measure anyway, and say that the timing was shared.
             remove_placement_group(group)
             group, exclusive = None, False
-            actor, node, pid = self._new_actor(num_cpus=1)
-        slot = _Slot(actor, node, pid=pid)
+            (slot,) = self._start_actors(1, num_cpus=1)
         self._slots.append(slot)
         results = []
         try:
