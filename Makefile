@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast ui clean
+.PHONY: setup browser demo test test-fast ui clean
 
 setup: $(STAMP)
 
@@ -19,8 +19,20 @@ demo: setup
 	$(BIN)/precision-tuner tune examples/digits_mlp.py --space quick \
 		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json --force
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# Debian's headless Chromium and ChromeDriver for the MLflow UI test (no browser download).
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium and chromium-driver for the browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			chromium chromium-driver >/dev/null; \
+	else \
+		echo "note: no chromium/chromedriver and no root apt-get: the browser test will skip" \
+			"(install the Debian packages chromium and chromium-driver)"; \
+	fi
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,3 +14,16 @@ ROOT = Path(__file__).parent.parent
 @pytest.fixture
 def task_path():
     return lambda name: str(TASKS / f"{name}.py")
+
+
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory):
+    """One real tuning job through the CLI, shared by the end-to-end and browser tests."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    run_dir, out = tmp / "run", tmp / "best.yaml"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(TASKS / "tiny_mlp.py"), "--space", "quick",
+         "--trials", "6", "--steps", "14", "--run-dir", str(run_dir), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return run_dir, out, completed.stdout

@@ -6,21 +6,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, TASKS
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    run_dir, out = tmp / "run", tmp / "best.yaml"
-    completed = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", str(TASKS / "tiny_mlp.py"), "--space", "quick",
-         "--trials", "6", "--steps", "14", "--run-dir", str(run_dir), "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return run_dir, out, completed.stdout
 
 
 def test_summary_table_and_overhead_are_printed(tuned):

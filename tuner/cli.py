@@ -372,6 +372,7 @@ def _export(args) -> int:
 
 
 def _ui(args) -> int:
+    import os
     import subprocess
 
     from tuner.tracking import default_tracking_uri
@@ -384,10 +385,28 @@ def _ui(args) -> int:
         print(f"precision-tuner: warning: binding the UI to {args.host} exposes every run to "
               "the network; there is no authentication.", file=sys.stderr)
     uri = default_tracking_uri(args.run_dir)
-    print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C to stop)")
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI on {base} (Ctrl-C to stop)")
+    for label, path in _ui_links(args.run_dir, uri).items():
+        print(f"  {label}: {base}/{path}")
+    # The UI's background job workers serve MLflow's GenAI features, which a tuning run never
+    # uses: seven idle processes less.
+    env = {**os.environ}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                "--host", args.host, "--port", str(args.port)]
-    return subprocess.call(command)
+    return subprocess.call(command, env=env)
+
+
+def _ui_links(run_dir: Path, uri: str) -> dict[str, str]:
+    from tuner.run_store import RunStore
+    from tuner.tracking import ui_paths
+
+    try:
+        run = RunStore(run_dir).read_run()
+    except Exception:  # an unreadable run.json must not keep the UI from starting
+        return {}
+    return ui_paths(uri, run.get("experiment", ""), run.get("parent_run_id"))
 
 
 def _diagnose(args) -> int:

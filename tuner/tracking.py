@@ -35,6 +35,26 @@ def redact_uri(uri: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
+def ui_paths(tracking_uri: str, experiment_name: str,
+             parent_run_id: str | None) -> dict[str, str]:
+    """Deep links (relative to the UI's address) to a run's trials and its best config.
+
+    The trials link sorts by ``speedup_vs_float32``, which also lists the child runs flat instead
+    of folded under the tuning job. Empty when the experiment is not in the store.
+    """
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(tracking_uri).get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return {}
+    runs = f"#/experiments/{experiment.experiment_id}/runs"
+    links = {"trials, fastest first":
+             f"{runs}?orderByKey=metrics.%60speedup_vs_float32%60&orderByAsc=false"}
+    if parent_run_id:
+        links["best config and plots"] = f"{runs}/{parent_run_id}/artifacts"
+    return links
+
+
 def config_params(config: PrecisionConfig) -> dict[str, str]:
     """Every config field as a flat MLflow param (``loss_scale.kind`` -> ``dynamic``)."""
     flat: dict[str, str] = {}
