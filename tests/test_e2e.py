@@ -101,3 +101,22 @@ def test_export_writes_yaml(tuned, tmp_path):
     again = subprocess.run([sys.executable, "-m", "tuner", "export", "--run-dir", str(run_dir),
                             "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
+    space = tmp_path / "three.yaml"
+    space.write_text("policies: [float32, mixed_bfloat16]\nfloat32:\n  groups: [softmax]\n"
+                     "trials: 1\ntrial:\n  steps: 9\n  warmup_steps: 2\n")
+    run_dir = tmp_path / "run"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/tasks/tiny_mlp.py"), "--space",
+         str(space), "--exhaustive", "--executor", "local", "--run-dir", str(run_dir), "--out",
+         str(tmp_path / "best.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "exhaustive: 3 distinct configs" in completed.stdout
+    trials = json.loads((run_dir / "trials.json").read_text())
+    seen = {(t["config"]["policy"], tuple(t["config"]["float32"]["groups"])) for t in trials}
+    assert len(trials) == 3  # more than the space's `trials: 1`, and no config twice
+    assert seen == {("float32", ()), ("mixed_bfloat16", ()), ("mixed_bfloat16", ("softmax",))}
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["exhaustive"] is True and run["trials"] == 3

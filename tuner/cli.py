@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "[default: quick]")
     tune.add_argument("--trials", type=_positive_int, help="number of trials, baseline "
                       "included [default: the space's `trials`]")
+    tune.add_argument("--exhaustive", action="store_true",
+                      help="try every config of the space instead of a budget of trials (the "
+                           "grid; its size is printed first). Not with --trials")
     tune.add_argument("--steps", type=_positive_int,
                       help="training steps per trial [default: the space's trial.steps]")
     tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
@@ -199,11 +202,16 @@ def _tune(args) -> int:
     if args.resume and not resuming:
         raise UsageError(f"--resume: {str(run_dir)!r} holds no run to resume (no run.json). "
                          "Pass the --run-dir of an interrupted `precision-tuner tune`.")
+    if args.exhaustive and args.trials:
+        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
+                         f"with --trials {args.trials}. Drop one of the two.")
     if previous is not None:
         _check_resume(previous, task_path, args)
         # A resumed run keeps its settings (checked above not to conflict with the flags).
         space_ref = previous["space"]
-        args.trials, args.steps = previous["trials"], previous["steps"]
+        args.exhaustive = previous.get("exhaustive", False)
+        args.trials = None if args.exhaustive else previous["trials"]
+        args.steps = previous["steps"]
         args.seed, args.tolerance = previous["seed"], previous["tolerance"]
     else:
         space_ref = _space_ref(args.space or "quick")
@@ -227,9 +235,10 @@ def _tune(args) -> int:
                           steps=args.steps, seed=args.seed or 0,
                           min_loss_decrease_ratio=args.tolerance,
                           tracking_uri=args.tracking_uri, finalists=args.finalists,
-                          trial_time_limit_s=float(args.time_limit))
+                          trial_time_limit_s=float(args.time_limit), exhaustive=args.exhaustive)
+    budget = "every config" if args.exhaustive else f"{options.trials or space.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
-                  f"[bold]{space.name}[/] ({options.trials or space.trials} trials x {steps} steps)")
+                  f"[bold]{space.name}[/] ({budget} x {steps} steps)")
     if args.executor == "local":
         executor = LocalProcessExecutor()
     else:
@@ -250,6 +259,10 @@ def _tune(args) -> int:
         for line in conclusions(diagnostics):
             console.print(f"diagnostics: {line}", markup=False)
         total = options.trials or space.trials
+        if args.exhaustive:
+            total = space.with_diagnostics(diagnostics["candidates"],
+                                           diagnostics["loss_scale"]["initial_scale"]).size()
+            console.print(f"exhaustive: {total} distinct configs in space {space.name}")
         done = len(store.read_trials())
         if resuming:
             console.print(f"resuming {run_dir}: {done} of {total} trials already finished")
@@ -284,6 +297,10 @@ def _check_resume(previous: dict, task_path: Path, args) -> None:
     if previous["task"] != str(task_path):
         raise UsageError(f"--run-dir {str(args.run_dir)!r} belongs to task {previous['task']!r}, "
                          f"not {str(task_path)!r}. Pass that task, or a new --run-dir.")
+    if args.exhaustive and not previous.get("exhaustive"):
+        raise UsageError(f"--exhaustive: the run in {str(args.run_dir)!r} was started with a "
+                         "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
+                         "or start a new --run-dir.")
     given = {"space": _space_ref(args.space) if args.space else None, "trials": args.trials,
              "steps": args.steps, "seed": args.seed, "tolerance": args.tolerance}
     for key, value in given.items():

@@ -43,6 +43,11 @@ class TuneOptions:
     finalists: int = 3                    # stable candidates re-measured back to back
     remeasure_rounds: int = 2
     trial_time_limit_s: float = 900.0
+    exhaustive: bool = False              # every config of the space (the grid), no budget
+
+    @property
+    def trial_budget(self) -> int:
+        return self.space.size() if self.exhaustive else (self.trials or self.space.trials)
 
     @property
     def budget_steps(self) -> int:
@@ -175,6 +180,8 @@ class Search:
     def _fixed_queue(self) -> list[dict[str, Any]]:
         """Configs to try before Optuna chooses: baseline, recommended, re-queued, not yet done."""
         queue = [self.space.baseline_params(), *self.space.recommended_params(), *self.requeued]
+        if self.options.exhaustive:
+            queue += self.space.grid_params()
         done: set[str] = set(self._by_key)
         todo = []
         for params in queue:
@@ -193,7 +200,7 @@ class Search:
         are enqueued just before they are asked for, so a resumed study never meets a stale
         queue.
         """
-        trials = self.options.trials or self.space.trials
+        trials = self.options.trial_budget
         distinct = self.space.size()
         queue = self._fixed_queue()
         pending: dict[int, tuple[Any, PrecisionConfig, str]] = {}
@@ -412,8 +419,9 @@ def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = Fa
 def run_settings(options: TuneOptions, space_ref: str) -> dict[str, Any]:
     """What a run was asked to do, as recorded in run.json (and compared on resume)."""
     return {"task": str(options.task_path), "space": space_ref,
-            "trials": options.trials or options.space.trials, "steps": options.budget_steps,
-            "seed": options.seed, "tolerance": options.tolerance}
+            "trials": options.trial_budget, "steps": options.budget_steps,
+            "seed": options.seed, "tolerance": options.tolerance,
+            "exhaustive": options.exhaustive}
 
 
 def tune(options: TuneOptions, executor, progress: Progress | None = None,

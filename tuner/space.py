@@ -203,8 +203,13 @@ class SearchSpace:
     # -- the grid --------------------------------------------------------------------------
     def grid(self) -> Iterator[PrecisionConfig]:
         """Every distinct config of the space, for exhaustive search."""
-        switches = list(itertools.product([False, True],
-                                          repeat=len(self.float32_groups) + len(self.float32_layers)))
+        return (self.config_from_params(params) for params in self.grid_params())
+
+    def grid_params(self) -> Iterator[dict[str, Any]]:
+        """The Optuna params of every distinct config (``suggest`` maps each to its config)."""
+        names = [f"f32_{g}" for g in self.float32_groups] + \
+                [f"f32_layer:{p}" for p in self.float32_layers]
+        switches = list(itertools.product([False, True], repeat=len(names)))
         for policy in self.policies:
             scales: list[dict[str, Any]] = [{}]
             if compute_dtype_of(policy) == "float16":
@@ -217,16 +222,17 @@ class SearchSpace:
                         scales += [{"loss_scale": kind, "fixed_value": v} for v in self.fixed_values]
                     else:
                         scales.append({"loss_scale": kind})
+            mixed = policy != "float32"  # float32 placement is a no-op under float32
             for scale, eps_b, eps_o, switch in itertools.product(
                     scales, self.backend_epsilons, self.optimizer_epsilons,
-                    switches if policy != "float32" else [()]):
+                    switches if mixed else [()]):
                 params = {"policy": policy, **scale, "backend_epsilon": eps_b,
-                          "optimizer_epsilon": eps_o}
-                names = [f"f32_{g}" for g in self.float32_groups] + \
-                        [f"f32_layer:{p}" for p in self.float32_layers]
-                params.update(zip(names, switch))
-                for k in range(len(self.risky_layers) + 1 if policy != "float32" else 1):
-                    yield self.config_from_params({**params, "f32_riskiest": k})
+                          "optimizer_epsilon": eps_o, **dict(zip(names, switch))}
+                if mixed and self.risky_layers:
+                    for k in range(len(self.risky_layers) + 1):
+                        yield {**params, "f32_riskiest": k}
+                else:
+                    yield params
 
     def size(self) -> int:
         """Number of distinct configs, computed without enumerating the grid."""
