@@ -1,0 +1,258 @@
+"""The tuner against the obvious alternative, trying everything: one run per example.
+
+    python benchmarks/grid_vs_tuner.py [--examples digits_mlp audio_cnn text_transformer]
+                                       [--space benchmarks/spaces/bench.yaml] [--rounds 3]
+
+For each example, through the real CLI (`precision-tuner tune`, default Ray executor):
+  1. the exhaustive grid (`--exhaustive`): every config of the space, to find the true fastest
+     stable config;
+  2. the tuner with the space's default budget (its `trials`);
+then, in one fresh worker, the tuner's pick, the grid's best and float32 re-measured back to back
+in interleaved rounds. Reported per example:
+  - regret: tuner pick step time / grid best step time (re-measured; 1.0 when the two are the
+    same config), target <= 1.05;
+  - cost ratio: tuner wall time / grid wall time, target <= 0.35;
+  - speedup of the pick over float32 (re-measured);
+  - overhead ratio: tuner wall time / time inside training steps, target <= 1.3.
+Wall times are what a user waits for: the whole CLI process, TensorFlow and Ray start included.
+
+Results go to benchmarks/results/grid_vs_tuner_<label>.json, and docs/BENCHMARKS.md is rebuilt
+from every results file. Run it on an otherwise idle machine (nothing else heavy beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+TARGETS = {"regret": 1.05, "cost_ratio": 0.35, "overhead_ratio": 1.3}
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
+             "f16c")
+
+
+# -- the machine -----------------------------------------------------------------------------
+def machine() -> dict:
+    info = {"cpu": platform.processor() or platform.machine(), "cpu_flags": [],
+            "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                info["cpu_flags"] = [f for f in CPU_FLAGS if f in flags]
+                break
+    except OSError:
+        pass
+    if shutil.which("nvidia-smi"):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        info["gpu"] = listed.stdout.strip() or None
+    return info
+
+
+# -- one tuning job through the CLI ------------------------------------------------------------
+def tune(task: Path, space: str, run_dir: Path, *extra: str) -> dict:
+    """Run `precision-tuner tune`; return its wall time, result and the run's own figures."""
+    from mlflow import MlflowClient
+
+    command = [sys.executable, "-m", "tuner", "tune", str(task), "--space", space,
+               "--run-dir", str(run_dir), "--out", str(run_dir.parent / f"{run_dir.name}.json"),
+               *extra]
+    started = time.perf_counter()
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=4 * 3600)
+    wall_s = time.perf_counter() - started
+    if completed.returncode != 0:
+        sys.exit(f"benchmark: {' '.join(command)} failed:\n{completed.stdout[-3000:]}"
+                 f"{completed.stderr[-3000:]}")
+    best = json.loads((run_dir / "best_precision.json").read_text())
+    trials = json.loads((run_dir / "trials.json").read_text())
+    run = json.loads((run_dir / "run.json").read_text())
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    metrics = client.get_run(run["parent_run_id"]).data.metrics
+    return {"wall_s": round(wall_s, 2), "tuner_wall_s": round(metrics["wall_s"], 2),
+            "train_s": round(metrics["train_s"], 2), "trials": len(trials),
+            "stable_trials": sum(t["verdict"] == "stable" for t in trials),
+            "best": best, "speedup_vs_float32": best["provenance"]["speedup_vs_float32"]}
+
+
+# -- back to back ----------------------------------------------------------------------------
+def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
+              rounds: int) -> dict[str, float]:
+    """Median step time (ms) of each config, timed in interleaved rounds in one fresh worker.
+
+    Labels that name the same config share one measurement (it is timed once per round).
+    """
+    from tuner.executor import LocalProcessExecutor
+    from tuner.trial_types import TrialSpec
+
+    distinct = {json.dumps(config, sort_keys=True): config for config in configs.values()}
+    keys = list(distinct)
+    timings: dict[str, list[float]] = {key: [] for key in keys}
+    with LocalProcessExecutor() as executor:
+        # One untimed pass first, so no config pays for the worker's first TensorFlow start.
+        executor.run(TrialSpec(0, str(task), distinct[keys[0]], warmup + 3, warmup), 900)
+        for round_number in range(rounds):
+            order = keys if round_number % 2 == 0 else keys[::-1]
+            for number, key in enumerate(order, start=1):
+                result = executor.run(TrialSpec(number, str(task), distinct[key], steps, warmup),
+                                      900)
+                if result.outcome.value != "completed":
+                    sys.exit(f"benchmark: re-measuring {key} failed: {result.failure_message}")
+                timings[key].extend(result.timed_steps_ms)
+    return {label: statistics.median(timings[json.dumps(config, sort_keys=True)])
+            for label, config in configs.items()}
+
+
+def strip(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "provenance"}
+
+
+def describe(config: dict) -> str:
+    from tuner.config import PrecisionConfig
+
+    return PrecisionConfig.from_dict(strip(config)).describe()
+
+
+def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
+    from tuner.config import PrecisionConfig
+    from tuner.space import load_space
+
+    task = ROOT / "examples" / f"{name}.py"
+    budget = load_space(space).budget
+    print(f"[{name}] exhaustive grid...", flush=True)
+    grid = tune(task, space, work / f"{name}-grid", "--exhaustive")
+    print(f"[{name}] grid: {grid['trials']} trials in {grid['wall_s']:.0f} s; best "
+          f"{describe(grid['best'])}", flush=True)
+    print(f"[{name}] tuner (default budget)...", flush=True)
+    tuned = tune(task, space, work / f"{name}-tuner")
+    print(f"[{name}] tuner: {tuned['trials']} trials in {tuned['wall_s']:.0f} s; pick "
+          f"{describe(tuned['best'])}", flush=True)
+    pick, best = strip(tuned["best"]), strip(grid["best"])
+    same = pick == best
+    configs = {"float32": PrecisionConfig().to_dict(), "pick": pick, "grid_best": best}
+    print(f"[{name}] re-measuring float32, the pick and the grid's best back to back "
+          f"({rounds} rounds)...", flush=True)
+    ms = remeasure(task, configs, budget.steps, budget.warmup_steps, rounds)
+    return {
+        "example": name,
+        "grid": {k: v for k, v in grid.items() if k != "best"} | {"best": describe(best)},
+        "tuner": {k: v for k, v in tuned.items() if k != "best"} | {"pick": describe(pick)},
+        "same_config": same,
+        "remeasured_ms": {k: round(v, 4) for k, v in ms.items()},
+        "regret": 1.0 if same else round(ms["pick"] / ms["grid_best"], 4),
+        "cost_ratio": round(tuned["wall_s"] / grid["wall_s"], 4),
+        "speedup_vs_float32": round(ms["float32"] / ms["pick"], 4),
+        "grid_best_speedup_vs_float32": round(ms["float32"] / ms["grid_best"], 4),
+        "overhead_ratio": round(tuned["wall_s"] / tuned["train_s"], 4),
+    }
+
+
+# -- the report ------------------------------------------------------------------------------
+def verdict(value: float, target: float) -> str:
+    return "met" if value <= target else "missed"
+
+
+def write_doc() -> None:
+    """docs/BENCHMARKS.md from every results file, so other machines' rows can be added."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Produced by the scripts in `benchmarks/`; do not edit by hand. Each figure is a ratio "
+        "measured in one run on the machine named, so the machines' noise is in it; rerun "
+        "a script to check.",
+        "",
+        "## The tuner against an exhaustive grid",
+        "",
+        "`python benchmarks/grid_vs_tuner.py`: per example, every config of "
+        "`benchmarks/spaces/bench.yaml` (the grid) and the tuner's default budget of that space, "
+        "both through the real CLI with the default Ray executor; then the tuner's pick, the "
+        "grid's best and float32 re-measured back to back in one fresh worker.",
+        "",
+        f"Targets: regret <= {TARGETS['regret']}, cost ratio <= {TARGETS['cost_ratio']}, "
+        f"overhead ratio <= {TARGETS['overhead_ratio']}.",
+        "",
+    ]
+    for path in sorted(RESULTS.glob("grid_vs_tuner_*.json")):
+        data = json.loads(path.read_text())
+        m = data["machine"]
+        lines += [f"### {data['label']}: {m['cpu']}, {m['cores']} cores"
+                  + (f", {m['gpu']}" if m.get("gpu") else ", no GPU"), "",
+                  f"CPU flags: {', '.join(m['cpu_flags']) or 'none of interest'}; TensorFlow "
+                  f"{data['tensorflow']}; space `{data['space']}`; {data['date']}; "
+                  f"`{path.relative_to(ROOT)}`.", "",
+                  "| example | grid: configs, wall | grid best | tuner: trials, wall | tuner pick "
+                  "| regret | cost ratio | pick vs float32 | overhead ratio |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in data["examples"]:
+            lines.append(
+                f"| {r['example']} | {r['grid']['trials']}, {r['grid']['wall_s']:.0f} s "
+                f"| {r['grid']['best']} | {r['tuner']['trials']}, {r['tuner']['wall_s']:.0f} s "
+                f"| {r['tuner']['pick']}{' (same)' if r['same_config'] else ''} "
+                f"| {r['regret']:.3f} ({verdict(r['regret'], TARGETS['regret'])}) "
+                f"| {r['cost_ratio']:.2f} ({verdict(r['cost_ratio'], TARGETS['cost_ratio'])}) "
+                f"| {r['speedup_vs_float32']:.2f}x "
+                f"| {r['overhead_ratio']:.2f} "
+                f"({verdict(r['overhead_ratio'], TARGETS['overhead_ratio'])}) |")
+        lines.append("")
+    extra = DOC.with_name("BENCHMARKS.notes.md")
+    if extra.exists():
+        lines += [extra.read_text().rstrip(), ""]
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", nargs="+",
+                        default=["digits_mlp", "audio_cnn", "text_transformer"])
+    parser.add_argument("--space", default=str(Path("benchmarks/spaces/bench.yaml")))
+    parser.add_argument("--rounds", type=int, default=3, help="back-to-back re-measure rounds")
+    parser.add_argument("--label", help="results name [default: cpu, or gpu with a GPU]")
+    parser.add_argument("--doc-only", action="store_true",
+                        help="only rebuild docs/BENCHMARKS.md from the results files")
+    args = parser.parse_args()
+    if args.doc_only:
+        write_doc()
+        print(f"wrote {DOC.relative_to(ROOT)}")
+        return 0
+    info = machine()
+    label = args.label or ("gpu" if info["gpu"] else "cpu")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="precision-tuner-bench-") as tmp:
+        for name in args.examples:
+            rows.append(bench_example(name, args.space, args.rounds, Path(tmp)))
+            print(json.dumps(rows[-1], indent=1), flush=True)
+    data = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": info,
+            "tensorflow": _tensorflow_version(), "space": args.space, "rounds": args.rounds,
+            "targets": TARGETS, "examples": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"grid_vs_tuner_{label}.json"
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    write_doc()
+    print(f"wrote {out.relative_to(ROOT)} and {DOC.relative_to(ROOT)}")
+    return 0
+
+
+def _tensorflow_version() -> str:
+    completed = subprocess.run([sys.executable, "-c", "import tensorflow as tf; "
+                                "print(tf.__version__)"], capture_output=True, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return completed.stdout.strip() or "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
