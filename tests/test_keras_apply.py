@@ -106,7 +106,14 @@ def test_wrap_optimizer_dynamic_scale_with_floor_and_epsilon():
 def test_wrap_optimizer_fixed_and_none():
     fixed = PrecisionConfig("mixed_float16", LossScale("fixed", value=128.0))
     optimizer = fixed.wrap_optimizer(keras.optimizers.SGD())
-    assert optimizer.loss_scale_factor == 128.0 and current_loss_scale(optimizer) == 128.0
+    assert current_loss_scale(optimizer) == 128.0
+    variable = keras.Variable(np.zeros(2, "float32"))
+    for _ in range(3):  # non-finite steps are skipped; a fixed scale does not move
+        optimizer.apply([np.array([np.inf, 1.0], "float32")], [variable])
+    assert current_loss_scale(optimizer) == 128.0 and np.all(variable.numpy() == 0.0)
+    optimizer.apply([np.array([128.0, 256.0], "float32")], [variable])
+    assert current_loss_scale(optimizer) == 128.0
+    np.testing.assert_allclose(variable.numpy(), [-0.01, -0.02])  # unscaled, then SGD lr 0.01
     plain = PrecisionConfig("mixed_bfloat16").wrap_optimizer(keras.optimizers.SGD())
     assert current_loss_scale(plain) is None
     with pytest.raises(TypeError, match="has no `epsilon`"):
@@ -124,3 +131,20 @@ def test_applied_config_trains_like_the_readme_says():
     losses = [float(v) for v in history.history["loss"]]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert isinstance(model.optimizer, FlooredLossScaleOptimizer)  # not double-wrapped
+
+
+def test_fixed_loss_scale_trains_a_model_with_sparse_gradients():
+    # An Embedding's gradient is an IndexedSlices; Keras's own loss_scale_factor fails on it.
+    cfg = PrecisionConfig("mixed_float16", LossScale("fixed", value=1024.0))
+    x = np.random.default_rng(0).integers(0, 50, size=(64, 6))
+    y = (x[:, 0] > 25).astype("int32")
+    with cfg.scope():
+        model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+        optimizer = cfg.wrap_optimizer(keras.optimizers.Adam(1e-2))
+        model.compile(optimizer=optimizer, **cfg.compile_kwargs(),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(x, y, epochs=3, batch_size=16, verbose=0)
+    losses = history.history["loss"]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert current_loss_scale(optimizer) == 1024.0

@@ -77,7 +77,8 @@ class LossScale:
 
     ``kind="dynamic"``: start at ``initial_scale``, halve on non-finite gradients (never below
     ``floor``), double after ``growth_steps`` finite steps. ``kind="fixed"``: multiply by
-    ``value``. ``floor``: a scale at or below it counts as collapsed.
+    ``value``, always; steps with non-finite gradients are skipped. ``floor``: a scale at or
+    below it counts as collapsed.
     """
 
     kind: str = "none"

@@ -158,6 +158,27 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="precision_tuner")
+class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """A ``LossScaleOptimizer`` whose scale stays at ``initial_scale``: it neither halves nor
+    grows, and a step with non-finite gradients is skipped rather than applied.
+
+    Used for ``loss_scale.kind: fixed`` instead of Keras's ``loss_scale_factor``, which divides
+    gradients with ``/`` and so fails on sparse ones (an ``Embedding``'s ``IndexedSlices``:
+    "unsupported operand type(s) for /"), and applies non-finite gradients to the weights.
+    """
+
+    _NEVER = 2**31 - 1  # growth interval: the step counter never gets there
+
+    def __init__(self, inner_optimizer, initial_scale=1024.0, name=None, **kwargs):
+        kwargs.pop("dynamic_growth_steps", None)  # present in get_config(); always _NEVER
+        super().__init__(inner_optimizer, initial_scale=initial_scale,
+                         dynamic_growth_steps=self._NEVER, name=name, **kwargs)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.step_counter.assign(0)  # skip the step; keep the scale
+
+
 def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
     """Apply ``cfg``'s optimizer epsilon and loss scaling to ``optimizer``."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -172,9 +193,7 @@ def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
     if cfg.compute_dtype != "float16" or scale.kind == "none":
         return optimizer
     if scale.kind == "fixed":
-        # Keras multiplies the loss by this factor and divides the gradients by it.
-        optimizer.loss_scale_factor = scale.value
-        return optimizer
+        return FixedLossScaleOptimizer(optimizer, initial_scale=scale.value)
     return FlooredLossScaleOptimizer(optimizer, initial_scale=scale.initial_scale,
                                      dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
 
