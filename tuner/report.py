@@ -55,9 +55,11 @@ def headline(summary: "TuneSummary") -> list[str]:
     stable = sum(r.judgement.stable for r in summary.rows)
     lines.append(f"trials: {len(summary.rows)} ({stable} stable)"
                  + ("; the search space was exhausted" if summary.space_exhausted else ""))
-    lines.append(f"wall time {summary.wall_s:.1f} s, of which {summary.train_s:.1f} s in training "
-                 f"steps: {summary.outside_training_fraction:.0%} spent outside training steps "
-                 "(TensorFlow start-up, model build and tracing, bookkeeping)")
+    train = f"{summary.train_s:.1f}" if summary.train_s >= 1 else f"{summary.train_s:.2f}"
+    lines.append(f"wall time {summary.wall_s:.1f} s, of which {train} s in training "
+                 f"steps: {summary.outside_training_fraction:.0%} spent outside them "
+                 f"({summary.trace_s:.1f} s tracing each trial's training step on its first "
+                 "call; the rest TensorFlow start-up, model builds and bookkeeping)")
     return lines
 
 

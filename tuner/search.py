@@ -83,6 +83,7 @@ class TuneSummary:
     task_info: dict[str, Any] = field(default_factory=dict)
     best_config: PrecisionConfig | None = None   # the winner, with provenance
     shared_remeasure: bool = False      # no node could be reserved for the re-measurement
+    trace_s: float = 0.0                # first steps (tracing the training step), likewise
 
     @property
     def outside_training_fraction(self) -> float:
@@ -124,6 +125,7 @@ class Search:
         self.rows: list[TrialRow] = []
         self._by_key: dict[str, TrialRow] = {}
         self.train_s = 0.0
+        self.trace_s = 0.0
         self.shared_remeasure = False  # True when no node could be reserved for re-measuring
         self.requeued: list[dict[str, Any]] = []  # params of trials a kill interrupted
         self.repairs: list[PrecisionConfig] = []  # dtype-mismatch fixes to try next
@@ -162,6 +164,7 @@ class Search:
 
     def _account(self, result: TrialResult) -> TrialResult:
         self.train_s += result.train_s
+        self.trace_s += result.trace_s
         return result
 
     # -- resuming --------------------------------------------------------------------------
@@ -505,7 +508,8 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
     wall_s = time.perf_counter() - started
     rows = sorted(search.rows, key=lambda r: r.number)
     summary = TuneSummary(rows=rows, best=best, baseline=search.baseline, speedup=speedup,
-                          wall_s=wall_s, train_s=search.train_s, run_dir=run_dir,
+                          wall_s=wall_s, train_s=search.train_s, trace_s=search.trace_s,
+                          run_dir=run_dir,
                           parent_run_id=tracker.parent_id, tracking_uri=tracking_uri,
                           space_exhausted=exhausted, task_info=search.task_info,
                           best_config=best_config,
@@ -519,7 +523,7 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
             "float32_median_step_ms": search.baseline.remeasured_ms if search.baseline else None,
             "trials": float(len(rows)),
             "stable_trials": float(sum(r.judgement.stable for r in rows)),
-            "wall_s": wall_s, "train_s": search.train_s,
+            "wall_s": wall_s, "train_s": search.train_s, "trace_s": search.trace_s,
             "outside_training_fraction": summary.outside_training_fraction,
         }.items() if v is not None},
         best=best_config, summary_markdown=summary_markdown(summary), status=status)

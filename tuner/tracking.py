@@ -190,7 +190,8 @@ class Tracker:
             "stable": 1.0 if judgement.stable else 0.0,
             "skipped_steps": float(result.skipped_steps),
             "steps_run": float(len(result.losses)),
-            "setup_s": result.setup_s, "train_s": result.train_s, "wall_s": result.wall_s,
+            "setup_s": result.setup_s, "trace_s": result.trace_s,
+            "train_s": result.train_s, "wall_s": result.wall_s,
             "weights_bytes": result.weights_bytes, "peak_memory_bytes": result.peak_memory_bytes,
         }
         if judgement.median_step_ms and result.batch_size:

@@ -73,7 +73,8 @@ class TrialResult:
     peak_memory_bytes: int | None = None  # GPU peak, or host RSS growth during the trial
     memory_source: str = ""
     setup_s: float = 0.0      # import/build/compile of this trial, outside training steps
-    train_s: float = 0.0      # wall time inside training steps (sum of step times)
+    trace_s: float = 0.0      # the first step: tracing (and compiling) the training step
+    train_s: float = 0.0      # wall time inside the training steps after the first
     wall_s: float = 0.0       # whole trial on the worker
     node: str = ""
     exclusive_timing: bool = True

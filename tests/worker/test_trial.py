@@ -28,7 +28,11 @@ def test_float32_trial_records_every_step(task_path):
     assert result.losses[-1] < result.losses[0]
     assert result.median_step_ms > 0 and result.batch_size == 32
     assert result.weights_bytes == (16 * 32 + 32 + 32 * 2 + 32 * 3 + 3) * 4
-    assert result.setup_s > 0 and result.train_s > 0 and result.wall_s >= result.train_s
+    assert result.setup_s > 0 and result.train_s > 0
+    # The first step (tracing) is counted apart from the training steps that follow it.
+    assert result.trace_s == pytest.approx(result.step_times_ms[0] / 1000)
+    assert result.train_s == pytest.approx(sum(result.step_times_ms[1:]) / 1000)
+    assert result.wall_s >= result.setup_s + result.trace_s + result.train_s
 
 
 def test_same_seed_same_losses(task_path):

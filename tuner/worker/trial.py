@@ -81,7 +81,7 @@ def _run(spec: TrialSpec) -> TrialResult:
                                     warmup_steps=spec.warmup_steps, node=partial.node,
                                     losses=partial.losses, step_times_ms=partial.step_times_ms,
                                     loss_scales=partial.loss_scales, setup_s=partial.setup_s,
-                                    train_s=partial.train_s)
+                                    trace_s=partial.trace_s, train_s=partial.train_s)
     finally:
         peak, source = memory.stop()
         result.peak_memory_bytes, result.memory_source = peak, source
@@ -113,7 +113,10 @@ def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> N
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         result.losses.append(loss)
         result.step_times_ms.append(elapsed_ms)
-        result.train_s += elapsed_ms / 1000.0
+        if step == 0:  # Keras traces (and may compile) the training step on its first call
+            result.trace_s = elapsed_ms / 1000.0
+        else:
+            result.train_s += elapsed_ms / 1000.0
         result.loss_scales.append(current_loss_scale(optimizer))
         now = int(optimizer.iterations.numpy())
         if now == iterations:  # a LossScaleOptimizer skipped the update (non-finite grads)
