@@ -181,7 +181,7 @@ def _tune(args) -> int:
     from tuner.executor import LocalProcessExecutor
     from tuner.report import print_summary
     from tuner.run_store import RunStore
-    from tuner.search import TuneOptions, tune
+    from tuner.search import TuneOptions, informed_space, tune
     from tuner.space import load_space
     from tuner.task_file import check_task_file
     from tuner.tracking import redact_uri
@@ -260,8 +260,7 @@ def _tune(args) -> int:
             console.print(f"diagnostics: {line}", markup=False)
         total = options.trials or space.trials
         if args.exhaustive:
-            total = space.with_diagnostics(diagnostics["candidates"],
-                                           diagnostics["loss_scale"]["initial_scale"]).size()
+            total = informed_space(space, diagnostics).size()
             console.print(f"exhaustive: {total} distinct configs in space {space.name}")
         done = len(store.read_trials())
         if resuming:

@@ -419,6 +419,12 @@ def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = Fa
                                sampler=sampler)
 
 
+def informed_space(space: SearchSpace, diagnostics: dict[str, Any]) -> SearchSpace:
+    """The space with what diagnostics found (riskiest layers, recommended loss scale)."""
+    return space.with_diagnostics(diagnostics["candidates"],
+                                  diagnostics["loss_scale"]["initial_scale"])
+
+
 def run_settings(options: TuneOptions, space_ref: str) -> dict[str, Any]:
     """What a run was asked to do, as recorded in run.json (and compared on resume)."""
     return {"task": str(options.task_path), "space": space_ref,
@@ -446,8 +452,7 @@ def tune(options: TuneOptions, executor, progress: Progress | None = None,
     store = RunStore(run_dir)
     resume = store.exists
     if diagnostics is not None:
-        options.space = options.space.with_diagnostics(
-            diagnostics["candidates"], diagnostics["loss_scale"]["initial_scale"])
+        options.space = informed_space(options.space, diagnostics)
         write_atomic(run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = options.tracking_uri or default_tracking_uri(run_dir)
     task_name = options.task_path.stem
