@@ -97,27 +97,50 @@ def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
               rounds: int) -> dict[str, float]:
     """Median step time (ms) of each config, timed in interleaved rounds in one fresh worker.
 
-    Labels that name the same config share one measurement (it is timed once per round).
+    Labels that name the same config share one measurement (it is timed once per round). A
+    control slot times float32 a second time, as if it were another config: the returned
+    ``float32_control`` over ``float32`` is the A/A ratio, the noise floor to read regret by.
     """
+    from tuner.config import PrecisionConfig
     from tuner.executor import LocalProcessExecutor
     from tuner.trial_types import TrialSpec
 
-    distinct = {json.dumps(config, sort_keys=True): config for config in configs.values()}
-    keys = list(distinct)
+    slots = {json.dumps(config, sort_keys=True): config for config in configs.values()}
+    slots["control"] = PrecisionConfig().to_dict()
+    keys = list(slots)
     timings: dict[str, list[float]] = {key: [] for key in keys}
     with LocalProcessExecutor() as executor:
         # One untimed pass first, so no config pays for the worker's first TensorFlow start.
-        executor.run(TrialSpec(0, str(task), distinct[keys[0]], warmup + 3, warmup), 900)
+        executor.run(TrialSpec(0, str(task), slots[keys[0]], warmup + 3, warmup), 900)
         for round_number in range(rounds):
             order = keys if round_number % 2 == 0 else keys[::-1]
             for number, key in enumerate(order, start=1):
-                result = executor.run(TrialSpec(number, str(task), distinct[key], steps, warmup),
+                result = executor.run(TrialSpec(number, str(task), slots[key], steps, warmup),
                                       900)
                 if result.outcome.value != "completed":
                     sys.exit(f"benchmark: re-measuring {key} failed: {result.failure_message}")
                 timings[key].extend(result.timed_steps_ms)
-    return {label: statistics.median(timings[json.dumps(config, sort_keys=True)])
-            for label, config in configs.items()}
+    medians = {label: statistics.median(timings[json.dumps(config, sort_keys=True)])
+               for label, config in configs.items()}
+    return {**medians, "float32_control": statistics.median(timings["control"])}
+
+
+def noise_only(label: str, rounds: int) -> None:
+    """Add the A/A ratio to an existing results file, without re-running the searches."""
+    from tuner.config import PrecisionConfig
+    from tuner.space import load_space
+
+    path = RESULTS / f"grid_vs_tuner_{label}.json"
+    data = json.loads(path.read_text())
+    budget = load_space(data["space"]).budget
+    for row in data["examples"]:
+        task = ROOT / "examples" / f"{row['example']}.py"
+        print(f"[{row['example']}] A/A: float32 against itself ({rounds} rounds)...", flush=True)
+        ms = remeasure(task, {"float32": PrecisionConfig().to_dict()}, budget.steps,
+                       budget.warmup_steps, rounds)
+        row["aa_ratio"] = round(ms["float32_control"] / ms["float32"], 4)
+        row["aa_measured_separately"] = True
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def strip(config: dict) -> dict:
@@ -157,6 +180,7 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
         "same_config": same,
         "remeasured_ms": {k: round(v, 4) for k, v in ms.items()},
         "regret": 1.0 if same else round(ms["pick"] / ms["grid_best"], 4),
+        "aa_ratio": round(ms["float32_control"] / ms["float32"], 4),
         "cost_ratio": round(tuned["wall_s"] / grid["wall_s"], 4),
         "speedup_vs_float32": round(ms["float32"] / ms["pick"], 4),
         "grid_best_speedup_vs_float32": round(ms["float32"] / ms["grid_best"], 4),
@@ -198,18 +222,23 @@ def write_doc() -> None:
                   f"{data['tensorflow']}; space `{data['space']}`; {data['date']}; "
                   f"`{path.relative_to(ROOT)}`.", "",
                   "| example | grid: configs, wall | grid best | tuner: trials, wall | tuner pick "
-                  "| regret | cost ratio | pick vs float32 | overhead ratio |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| regret | A/A noise | cost ratio | pick vs float32 | overhead ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in data["examples"]:
-            lines.append(
-                f"| {r['example']} | {r['grid']['trials']}, {r['grid']['wall_s']:.0f} s "
-                f"| {r['grid']['best']} | {r['tuner']['trials']}, {r['tuner']['wall_s']:.0f} s "
-                f"| {r['tuner']['pick']}{' (same)' if r['same_config'] else ''} "
-                f"| {r['regret']:.3f} ({verdict(r['regret'], TARGETS['regret'])}) "
-                f"| {r['cost_ratio']:.2f} ({verdict(r['cost_ratio'], TARGETS['cost_ratio'])}) "
-                f"| {r['speedup_vs_float32']:.2f}x "
-                f"| {r['overhead_ratio']:.2f} "
-                f"({verdict(r['overhead_ratio'], TARGETS['overhead_ratio'])}) |")
+            cells = [
+                r["example"],
+                f"{r['grid']['trials']}, {r['grid']['wall_s']:.0f} s",
+                r["grid"]["best"],
+                f"{r['tuner']['trials']}, {r['tuner']['wall_s']:.0f} s",
+                r["tuner"]["pick"] + (" (same)" if r["same_config"] else ""),
+                f"{r['regret']:.3f} ({verdict(r['regret'], TARGETS['regret'])})",
+                f"{r['aa_ratio']:.3f}" if "aa_ratio" in r else "-",
+                f"{r['cost_ratio']:.2f} ({verdict(r['cost_ratio'], TARGETS['cost_ratio'])})",
+                f"{r['speedup_vs_float32']:.2f}x",
+                f"{r['overhead_ratio']:.2f} "
+                f"({verdict(r['overhead_ratio'], TARGETS['overhead_ratio'])})",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     extra = DOC.with_name("BENCHMARKS.notes.md")
     if extra.exists():
@@ -227,7 +256,13 @@ def main() -> int:
     parser.add_argument("--label", help="results name [default: cpu, or gpu with a GPU]")
     parser.add_argument("--doc-only", action="store_true",
                         help="only rebuild docs/BENCHMARKS.md from the results files")
+    parser.add_argument("--noise-only", action="store_true",
+                        help="only add the A/A ratio (float32 against itself) to the --label "
+                             "results file, then rebuild the doc")
     args = parser.parse_args()
+    if args.noise_only:
+        noise_only(args.label or ("gpu" if machine()["gpu"] else "cpu"), args.rounds)
+        args.doc_only = True
     if args.doc_only:
         write_doc()
         print(f"wrote {DOC.relative_to(ROOT)}")
