@@ -75,11 +75,18 @@ def test_nan_in_the_data_is_refused_before_anything_is_written(tmp_path, fault):
     assert not (tmp_path / "run").exists()
 
 
+def _sigint_as_in_a_terminal():
+    # A job started with `&` by a non-interactive shell (a CI runner, say) inherits SIGINT as
+    # ignored, and Python then never raises KeyboardInterrupt: give the CLI the terminal's default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_until(args, marker, fault_name="none"):
     """Start the CLI; return the process once a line starting with `marker` was printed."""
     env = {**os.environ, "FAULT": fault_name, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, start_new_session=True)
+                               text=True, env=env, start_new_session=True,
+                               preexec_fn=_sigint_as_in_a_terminal)
     for line in process.stdout:
         if line.strip().startswith(marker):
             return process
