@@ -47,13 +47,12 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_b
 
 # -- the machine -----------------------------------------------------------------------------
 def machine() -> dict:
-    info = {"cpu": platform.processor() or platform.machine(), "cpu_flags": [],
+    from tuner.search import machine_description
+
+    info = {"cpu": machine_description(), "cpu_flags": [],
             "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}
     try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 info["cpu_flags"] = [f for f in CPU_FLAGS if f in flags]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -258,9 +259,8 @@ def _tune(args) -> int:
 
         for line in conclusions(diagnostics):
             console.print(f"diagnostics: {line}", markup=False)
-        total = options.trials or space.trials
+        total = dataclasses.replace(options, space=informed_space(space, diagnostics)).trial_budget
         if args.exhaustive:
-            total = informed_space(space, diagnostics).size()
             console.print(f"exhaustive: {total} distinct configs in space {space.name}")
         done = len(store.read_trials())
         if resuming:
