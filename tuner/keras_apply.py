@@ -1,20 +1,52 @@
 """Applying a ``PrecisionConfig`` to Keras: the only part of the config that touches TensorFlow.
 
-``precision_scope(cfg)`` sets the global dtype policy, floatx and epsilon, and gives the layers
-that match ``cfg.float32`` a float32 dtype policy. A layer's policy must be fixed before it
-creates its weights (under pure 16-bit policies a float32 layer needs float32 weights), but some
-attributes we match on (``Dense(activation="softmax")``) are only set after ``Layer.__init__``
-returns. So, inside the scope, a matching layer gets its policy at the first of:
-its first call (functional / Sequential models are called symbolically while being built), or
-the end of the scope (layers of subclassed models, built later on their first real call).
+``precision_scope(cfg)`` sets the global dtype policy, floatx and epsilon, and gives every layer
+that ``cfg.float32`` selects a float32 dtype policy. It yields a :class:`Float32Placer`, whose
+``report()`` says which layers each group and each pattern matched; a pattern that matched no
+layer gives a warning once the model is built. ``float32_matches(model, groups, patterns)``
+answers the same question for a model that is already built.
+
+Placement uses Keras's own per-layer mechanism: a selected layer gets
+``layer.dtype_policy = keras.DTypePolicy("float32")``, and the 16-bit layer that follows it casts
+its float inputs back (Keras autocasts a layer's inputs to its compute dtype). ``DTypePolicyMap``
+(policies keyed by layer path) cannot do the selecting: groups select by class and attributes,
+a layer has a path only once it is built, and ``build_model()`` hands us no model to walk before
+its layers build. What the scope must get right is *when* each layer is decided:
+
+- after its constructor has set what we match on (``Dense`` sets ``activation`` after
+  ``Layer.__init__`` returns), and before it creates weights (under pure float16/bfloat16 a
+  float32 layer needs float32 weights);
+- for every layer: those a parent constructs or builds itself (MultiHeadAttention's softmax,
+  a wrapper's inner layer, an LSTM's cell), and layers without weights, which Keras marks built
+  at construction, so that they never build later.
+
+Hence the two patches of Keras internals that stay, both only while the scope is open.
+``Layer.__init__`` is wrapped because it is the one place that sees every layer the user's code
+(or a parent layer) constructs: the layer is recorded and its instance's ``build`` (an instance
+attribute that Keras itself sets in ``Layer.__new__``) is wrapped, so that the layer is decided
+just before it builds and its sublayers just after. That wrapper stays with the layer, so a
+subclassed model first called after the scope is placed too. ``Layer.__call__`` is hooked so
+that layers without weights are decided before their first (symbolic) call, which keeps a
+functional model's symbolic dtypes equal to what runs, and so that a layer called inside a
+placed layer is placed. Whatever was constructed in the scope and is still undecided is decided
+when the scope ends.
+
+Placing a layer places everything inside it (an LSTM's cell computes what the LSTM computes),
+and a ``Wrapper`` (``TimeDistributed``) whose inner layer is selected is placed with it: a
+wrapper runs its inner layer's ``call`` directly, under its own autocast scope, which would read
+the inner layer's float32 weights as 16-bit and skip the cast of its inputs. A layer given an
+explicit dtype other than the config's policy keeps what the user (or a parent layer) chose.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fnmatch
+import functools
+import warnings
 import weakref
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 import keras
 
@@ -30,10 +62,17 @@ _ATTENTION_TYPES = tuple(
     ("MultiHeadAttention", "Attention", "AdditiveAttention", "GroupQueryAttention")
     if hasattr(keras.layers, name))
 _SOFTMAX_NAMES = ("softmax", "log_softmax")
+_FLOAT32 = "float32"
 
 
 def layer_groups(layer: keras.layers.Layer) -> set[str]:
-    """The float32 class groups a layer belongs to (custom layers by their class name)."""
+    """The float32 class groups a layer belongs to (custom layers by their class name).
+
+    A model belongs to none: a model whose class is named after attention is a network, not a
+    block to keep in float32 (a pattern can still select a sub-model, and with it its layers).
+    """
+    if isinstance(layer, keras.Model):
+        return set()
     class_name = type(layer).__name__
     groups = set()
     if isinstance(layer, _NORMALIZATION_TYPES) or class_name.endswith(("Normalization", "Norm")):
@@ -52,25 +91,249 @@ def _activation_name(layer: keras.layers.Layer) -> str | None:
     return getattr(activation, "__name__", None) if callable(activation) else None
 
 
-def wants_float32(cfg: PrecisionConfig, layer: keras.layers.Layer) -> bool:
-    """True when ``cfg`` places this layer in float32 (by group, name or path pattern)."""
-    if cfg.float32.groups and layer_groups(layer) & set(cfg.float32.groups):
-        return True
-    names = [layer.name] + ([layer.path] if getattr(layer, "path", None) else [])
-    return any(fnmatch.fnmatchcase(name, pattern)
-               for pattern in cfg.float32.layers for name in names)
+def matching_patterns(layer: keras.layers.Layer, path: str | None,
+                      patterns: Sequence[str]) -> list[str]:
+    """The glob patterns that match the layer's name or its path."""
+    names = [layer.name] + ([path] if path and path != layer.name else [])
+    return [pattern for pattern in patterns
+            if any(fnmatch.fnmatchcase(name, pattern) for name in names)]
+
+
+def _sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    # Keras's own traversal (what Model.layers and summary() use): it also lists the layers a
+    # parent created itself (MultiHeadAttention's softmax, Bidirectional's copies).
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def layer_paths(root: keras.layers.Layer) -> list[tuple[keras.layers.Layer, str]]:
+    """Every layer inside ``root`` (input layers aside), depth first, once each, with its path.
+
+    The path is Keras's ``layer.path`` where it has one. Layers without weights never get one
+    (Keras sets it when it builds a layer, and those are built at construction), so they get
+    the prefix that their siblings' paths show, else their parent's path, before their name.
+    """
+    found: list[tuple[keras.layers.Layer, str]] = []
+    seen: set[int] = set()
+
+    def visit(parent: keras.layers.Layer, parent_path: str) -> None:
+        children = _sublayers(parent)
+        prefix = _children_prefix(children, parent_path)
+        for child in children:
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = child.path or (f"{prefix}/{child.name}" if prefix else child.name)
+            if not isinstance(child, keras.layers.InputLayer):
+                found.append((child, path))
+            visit(child, path)
+
+    visit(root, root.path or root.name)
+    return found
+
+
+def _children_prefix(children: list[keras.layers.Layer], parent_path: str) -> str:
+    # A functional model's layers are built outside its name scope ("dense", not
+    # "model/dense"); a subclassed model's inside it: the siblings with a path tell which.
+    for child in children:
+        if child.path:
+            head, _, tail = child.path.rpartition("/")
+            if tail == child.name:
+                return head
+    return parent_path
+
+
+def float32_matches(model: keras.layers.Layer, groups: Sequence[str],
+                    patterns: Sequence[str] = ()) -> dict[str, Any]:
+    """Which layers of a built model each float32 group and each layer pattern selects.
+
+    Plain data, paths in model order: ``{"groups": {group: [path, ...]}, "layers":
+    {pattern: [path, ...]}, "all_layers": [path, ...]}``.
+    """
+    found: dict[str, Any] = {"groups": {group: [] for group in groups},
+                             "layers": {pattern: [] for pattern in patterns},
+                             "all_layers": []}
+    for layer, path in layer_paths(model):
+        found["all_layers"].append(path)
+        for group in layer_groups(layer) & set(groups):
+            found["groups"][group].append(path)
+        for pattern in matching_patterns(layer, path, patterns):
+            found["layers"][pattern].append(path)
+    return found
+
+
+def _prospective_path(layer: keras.layers.Layer) -> str | None:
+    """The path Keras gives ``layer`` when it builds or calls it here: its build wrapper opens
+    the layer's name scope under the current one (or under the parent path it already has)."""
+    if layer.path:
+        return layer.path
+    try:
+        from keras.src.backend.common.name_scope import current_path
+    except ImportError:  # a private module: without it names still match, paths do not
+        return None
+    parent = getattr(layer, "_parent_path", None)
+    parent = current_path() if parent is None else parent
+    return f"{parent}/{layer.name}" if parent else layer.name
+
+
+class Float32Placer:
+    """Decides which layers compute in float32 under one config, and remembers why.
+
+    Decisions only ever move a layer to float32, so deciding a layer again when more is known
+    (its path, once its parent is built) is safe.
+    """
+
+    def __init__(self, cfg: PrecisionConfig) -> None:
+        self.policy = cfg.policy
+        self.groups = tuple(cfg.float32.groups)
+        self.patterns = tuple(cfg.float32.layers)
+        self._constructed: list[weakref.ref] = []
+        self._explicit: weakref.WeakSet = weakref.WeakSet()
+        self._decided: weakref.WeakSet = weakref.WeakSet()
+        self._placed: weakref.WeakSet = weakref.WeakSet()
+        self._unbuilt: weakref.WeakSet = weakref.WeakSet()   # when the scope ended
+        self._matches: dict[tuple[str, str], dict[int, tuple[weakref.ref, str]]] = {}
+        self._active: list[keras.layers.Layer] = []  # layers being called or built right now
+        self._scope_open = True
+        self._checked = False
+
+    @property
+    def placing(self) -> bool:
+        return bool(self.groups or self.patterns)
+
+    # -- plain-data answers ----------------------------------------------------------------
+    def report(self) -> dict[str, dict[str, list[str]]]:
+        """``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}}``: the layers
+        each group and pattern selected so far (a subclassed model's once it is built)."""
+        found: dict[str, dict[str, list[str]]] = {
+            "groups": {group: [] for group in self.groups},
+            "layers": {pattern: [] for pattern in self.patterns}}
+        for (kind, key), layers in self._matches.items():
+            for ref, path in layers.values():
+                layer = ref()
+                if layer is not None:
+                    found[kind][key].append(layer.path or path)
+        return found
+
+    def unmatched_patterns(self) -> list[str]:
+        return [pattern for pattern, paths in self.report()["layers"].items() if not paths]
+
+    # -- what the scope's hooks call -------------------------------------------------------
+    def constructed(self, layer: keras.layers.Layer, dtype_given: bool) -> None:
+        if dtype_given and getattr(layer.dtype_policy, "name", None) != self.policy:
+            self._explicit.add(layer)  # the user (or a parent layer) chose this dtype
+        self._constructed.append(weakref.ref(layer))
+        self._wrap_build(layer)
+
+    def _wrap_build(self, layer: keras.layers.Layer) -> None:
+        keras_build = layer.build
+        placer = self
+
+        @functools.wraps(keras_build)  # keeps Keras's signature and its `_is_default` mark
+        def build(*args, **kwargs):
+            placer.decide(layer, _prospective_path(layer))
+            placer._active.append(layer)
+            try:
+                keras_build(*args, **kwargs)
+            finally:
+                placer._active.pop()
+            placer._after_build(layer)
+
+        object.__setattr__(layer, "build", build)  # bypass Keras's attribute tracking
+
+    @contextlib.contextmanager
+    def calling(self, layer: keras.layers.Layer) -> Iterator[None]:
+        if layer not in self._decided:
+            self.decide(layer, _prospective_path(layer))
+        self._active.append(layer)
+        try:
+            yield
+        finally:
+            self._active.pop()
+
+    def close(self) -> None:
+        """The scope ends: decide what it constructed; check patterns once all is built."""
+        self._scope_open = False
+        for ref in self._constructed:
+            layer = ref()
+            if layer is None:
+                continue
+            if layer not in self._decided:
+                self.decide(layer, layer.path)
+            if not layer.built:
+                self._unbuilt.add(layer)
+        self._check_patterns_when_built()
+
+    # -- deciding --------------------------------------------------------------------------
+    def decide(self, layer: keras.layers.Layer, path: str | None) -> None:
+        if isinstance(layer, keras.layers.InputLayer) or layer in self._explicit:
+            return
+        self._decided.add(layer)
+        selectors = self._selectors(layer, path)
+        for key in selectors:
+            known = self._matches.setdefault(key, {}).get(id(layer))
+            best = path or (known[1] if known else layer.name)
+            self._matches[key][id(layer)] = (weakref.ref(layer), best)
+        if selectors or self._inside_placed() or self._wraps_selected(layer):
+            self._place_subtree(layer)
+
+    def _selectors(self, layer: keras.layers.Layer, path: str | None) -> list[tuple[str, str]]:
+        groups = layer_groups(layer)
+        return ([("groups", group) for group in self.groups if group in groups]
+                + [("layers", pattern) for pattern in
+                   matching_patterns(layer, path, self.patterns)])
+
+    def _inside_placed(self) -> bool:
+        return any(parent in self._placed for parent in self._active)
+
+    def _wraps_selected(self, layer: keras.layers.Layer) -> bool:
+        inner = getattr(layer, "layer", None)
+        return (isinstance(layer, keras.layers.Wrapper) and inner is not None
+                and (inner in self._placed or bool(self._selectors(inner, inner.path))))
+
+    def _place_subtree(self, layer: keras.layers.Layer) -> None:
+        for member in [layer] + [sub for sub, _ in layer_paths(layer)]:
+            if member in self._explicit:
+                continue
+            if member.dtype_policy.name != _FLOAT32:
+                member.dtype_policy = keras.DTypePolicy(_FLOAT32)
+            self._placed.add(member)
+
+    def _after_build(self, layer: keras.layers.Layer) -> None:
+        if layer in self._placed:  # sublayers it created while building follow it
+            self._place_subtree(layer)
+        for sublayer, path in layer_paths(layer):  # paths are known now
+            self.decide(sublayer, path)
+        self._unbuilt.discard(layer)
+        self._check_patterns_when_built()
+
+    def _check_patterns_when_built(self) -> None:
+        # A subclassed model's layers get their paths when it is built, often after the scope.
+        if self._checked or self._scope_open or len(self._unbuilt):
+            return
+        self._checked = True
+        layers = [layer for layer in (ref() for ref in self._constructed) if layer is not None]
+        known = sorted({layer.name for layer in layers} | {layer.path for layer in layers
+                                                           if layer.path})
+        for pattern in self.unmatched_patterns():
+            close = difflib.get_close_matches(pattern, known, n=3, cutoff=0.4)
+            hint = f" Closest layer names: {', '.join(close)}." if close else ""
+            warnings.warn(f"float32 layer pattern {pattern!r} matches no layer of the model, so "
+                          f"it places nothing.{hint} Fix the pattern (a glob on layer names and "
+                          "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
 
 
 @contextlib.contextmanager
-def hook_layer_calls(before=None, after=None) -> Iterator[None]:
+def hook_layer_calls(before=None, after=None, around=None) -> Iterator[None]:
     """Run ``before(layer)`` ahead of, and ``after(layer, output)`` behind, every Keras layer
-    call inside the block (the model's own call included); restored on exit."""
+    call inside the block (the model's own call included), and the call itself inside the
+    context manager ``around(layer)``; restored on exit."""
     original_call = keras.layers.Layer.__call__
 
     def call(layer, *args, **kwargs):
         if before is not None:
             before(layer)
-        output = original_call(layer, *args, **kwargs)
+        with around(layer) if around is not None else contextlib.nullcontext():
+            output = original_call(layer, *args, **kwargs)
         if after is not None:
             after(layer, output)
         return output
@@ -83,33 +346,17 @@ def hook_layer_calls(before=None, after=None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
+def precision_scope(cfg: PrecisionConfig) -> Iterator[Float32Placer]:
     previous_policy = keras.config.dtype_policy()
     previous_floatx = keras.config.floatx()
     previous_epsilon = keras.config.epsilon()
-    constructed: list[weakref.ref] = []
-    explicit_dtype: weakref.WeakSet = weakref.WeakSet()
+    placer = Float32Placer(cfg)
     original_init = keras.layers.Layer.__init__
-
-    def place(layer: keras.layers.Layer) -> None:
-        if getattr(layer, "_precision_tuner_placed", False) or layer in explicit_dtype:
-            return
-        if wants_float32(cfg, layer):
-            layer.dtype_policy = keras.DTypePolicy("float32")
-        # Mark even when not matched: the decision is made once, on complete attributes.
-        object.__setattr__(layer, "_precision_tuner_placed", True)
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        if kwargs.get("dtype") is not None:
-            explicit_dtype.add(self)  # the user (or a parent layer) chose; respect it
-        constructed.append(weakref.ref(self))
+        placer.constructed(self, dtype_given=kwargs.get("dtype") is not None)
 
-    def place_before_build(layer: keras.layers.Layer) -> None:
-        if not layer.built:
-            place(layer)
-
-    placing = bool(cfg.float32.groups or cfg.float32.layers)
     try:
         # Pure 16-bit policies also need floatx, so that backend ops default to 16 bits.
         floatx = cfg.compute_dtype if cfg.policy in ("float16", "bfloat16") else "float32"
@@ -117,14 +364,14 @@ def precision_scope(cfg: PrecisionConfig) -> Iterator[None]:
         keras.config.set_dtype_policy(cfg.policy)
         if cfg.epsilon.backend is not None:
             keras.config.set_epsilon(cfg.epsilon.backend)
-        if placing:
-            keras.layers.Layer.__init__ = init
-        with hook_layer_calls(before=place_before_build if placing else None):
-            yield
-        for ref in constructed:
-            layer = ref()
-            if layer is not None and not layer.built:
-                place(layer)
+        if not placer.placing:
+            yield placer
+            return
+        keras.layers.Layer.__init__ = init
+        with hook_layer_calls(around=placer.calling):
+            yield placer
+        keras.layers.Layer.__init__ = original_init
+        placer.close()
     finally:
         keras.layers.Layer.__init__ = original_init
         keras.config.set_dtype_policy(previous_policy)

@@ -99,7 +99,8 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     batches = fixed_batches(task, max(steps, 1))
     model = task.build_model()
     model.compile(optimizer=task.optimizer(), loss=task.loss)
-    model(batches[0][0], training=False)  # build first: a subclassed model traces symbolically
+    first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])
+    model(first_x, training=False)  # build first: a subclassed model traces symbolically
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     captured: list[tuple[str, Any, Any]] = []
@@ -112,7 +113,8 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
                     captured.append((layer.path or layer.name, layer, tensor))
 
     for step in range(steps):
-        x, y, sample_weight = batches[step % len(batches)]
+        batch = batches[step % len(batches)]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         captured.clear()
         with hook_layer_calls(after=capture), tf.GradientTape() as tape:
             prediction = model(x, training=True)

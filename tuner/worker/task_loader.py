@@ -103,9 +103,12 @@ def task_file_here(task_path: str, task_source: str | None) -> str:
 _batch_cache: dict[tuple[str, int], list] = {}
 
 
-def fixed_batches(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
+def fixed_batches(task: Task, steps: int) -> list[tuple]:
     """The first ``steps`` full batches of the task's data, as tensors, in a fixed order.
 
+    Each batch keeps the structure the task's data has, as ``model.fit`` would hand it to
+    ``train_step``: ``(x, y)``, or ``(x, y, sample_weight)`` where the data has sample weights
+    (``keras.utils.unpack_x_y_sample_weight`` takes either apart).
     Materialised once per worker so that every trial sees exactly the same data in the same
     order (a reshuffling ``tf.data`` pipeline would otherwise differ between trials). Batches
     whose size differs from the first (a partial last batch) are dropped: they would force a
@@ -117,7 +120,7 @@ def fixed_batches(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
     return _batch_cache[key]
 
 
-def _materialise(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
+def _materialise(task: Task, steps: int) -> list[tuple]:
     import tensorflow as tf
 
     try:
@@ -133,7 +136,7 @@ def _materialise(task: Task, steps: int) -> list[tuple[Any, Any, Any]]:
         raise TaskError(f"train_data() in {task.path.name} must return a batched tf.data.Dataset "
                         f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
     _refuse_non_finite(task, elements)
-    return [tuple(tf.nest.map_structure(tf.convert_to_tensor, part) if part is not None else None
+    return [tuple(None if part is None else tf.nest.map_structure(tf.convert_to_tensor, part)
                   for part in element) for element in elements]
 
 
@@ -162,8 +165,9 @@ def _leading_dims(structure: Any) -> set[int]:
 def _from_arrays(task: Task, data, steps: int) -> list[tuple]:
     import tensorflow as tf
 
-    parts = list(data) + [None] * (3 - len(data))
-    sizes = _leading_dims([p for p in parts if p is not None])
+    # fit(x, y, sample_weight=None) hands train_step (x, y): no trailing None.
+    parts = list(data[:2]) if len(data) == 3 and data[2] is None else list(data)
+    sizes = _leading_dims(parts)
     if len(sizes) != 1 or -1 in sizes:
         raise TaskError(f"train_data() in {task.path.name} returned arrays with different numbers "
                         f"of samples (first dimensions {sorted(sizes)}). x and y must have one row "
@@ -177,7 +181,7 @@ def _from_arrays(task: Task, data, steps: int) -> list[tuple]:
     for index in range(min(steps, per_epoch)):
         window = slice(index * task.batch_size, (index + 1) * task.batch_size)
         batches.append(tuple(tf.nest.map_structure(lambda a: np.asarray(a)[window], p)
-                             if p is not None else None for p in parts))
+                             for p in parts))
     return batches
 
 
@@ -192,8 +196,8 @@ def _from_dataset(task: Task, dataset, steps: int) -> list[tuple]:
             raise TaskError(f"train_data() in {task.path.name} must yield (x, y) or "
                             f"(x, y, sample_weight) batches. Received an element: "
                             f"{describe(element)}")
-        element = tuple(element) + (None,) * (3 - len(element))
-        dims = _leading_dims([p for p in element if p is not None])
+        element = tuple(element)
+        dims = _leading_dims(element)
         if first_dims is None:
             if min(len(tf.nest.flatten(element[0])[0].shape), 1) == 0:
                 raise TaskError(f"train_data() in {task.path.name} yields unbatched scalars; "

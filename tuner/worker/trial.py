@@ -14,14 +14,21 @@ import socket
 import statistics
 import threading
 import time
+from typing import Sequence
 
 from tuner.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 
-# A step this much slower than the early-stop threshold ends the trial even during warm-up.
-_HOPELESS_FACTOR = 5.0
-_MIN_TIMED_STEPS_FOR_STOP = 3
+# Early stopping (see _too_slow_reason): warm-up steps never count; after warm-up, a trial is
+# stopped when its last _HOPELESS_STEPS steps were all over _HOPELESS_FACTOR x the limit (float16
+# on a CPU without it runs 10-100x slower), or when, over at least _MIN_TIMED_STEPS_FOR_STOP (or
+# half the timed budget), even its lower quartile is _CLEAR_MARGIN beyond the limit. One hiccup
+# cannot do either; a near-miss runs to the end and is judged like any other trial.
+_HOPELESS_FACTOR = 3.0
+_HOPELESS_STEPS = 3
+_MIN_TIMED_STEPS_FOR_STOP = 6
+_CLEAR_MARGIN = 1.1
 
 
 def reset_keras_state(seed: int) -> None:
@@ -60,13 +67,11 @@ def _run(spec: TrialSpec) -> TrialResult:
         with config.scope():
             model = task.build_model()
             stage = "compile"
-            optimizer = config.wrap_optimizer(task.optimizer())
-            model.compile(optimizer=optimizer, loss=task.loss, metrics=task.metrics,
-                          **config.compile_kwargs())
+            optimizer = _compile(model, task, config)
             result.batch_size = _batch_size(batches[0][0])
             stage = "train"
             result.setup_s = time.perf_counter() - started
-            _train(model, model.optimizer, batches, spec, result)
+            _train(model, optimizer, batches, spec, result)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
         if result.first_non_finite_step is not None:
             result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
@@ -98,39 +103,93 @@ def _batch_size(x) -> int | None:
     return int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else None
 
 
-def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> None:
+def _compile(model, task, config: PrecisionConfig):
+    """Compile as the user's training script would with this config; returns the optimizer."""
+    optimizer = config.wrap_optimizer(task.optimizer())
+    model.compile(optimizer=optimizer, loss=task.loss, metrics=task.metrics,
+                  **config.compile_kwargs())
+    return optimizer
+
+
+def _fit_steps(model, batches, steps: int, callbacks=()) -> None:
+    """Train ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
+
+    ``fit`` hands ``train_step`` each batch in the structure the task's data has (``(x, y)``
+    or ``(x, y, sample_weight)``) and runs its compiled train function per step. One epoch per
+    step: ``fit`` resets the metrics at each epoch's start, outside the step, so the logged
+    loss is that step's loss and not a running mean over the steps so far.
+    """
+    if steps > 0:
+        model.fit(_batch_dataset(batches, steps), epochs=steps, steps_per_epoch=1,
+                  shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+def _batch_dataset(batches, steps: int):
+    import tensorflow as tf
+
+    # tf.data reads a Python list as one tensor; a list of model inputs is a tuple to it.
+    def tuples(structure):
+        if isinstance(structure, (list, tuple)):
+            return tuple(tuples(part) for part in structure)
+        if isinstance(structure, dict):
+            return {key: tuples(value) for key, value in structure.items()}
+        return structure
+
+    stacked = tf.nest.map_structure(lambda *parts: tf.stack(parts),
+                                    *[tuples(batch) for batch in batches])
+    return tf.data.Dataset.from_tensor_slices(stacked).repeat().take(steps)
+
+
+def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult):
+    """A callback that times each of ``fit``'s steps and records what the step did.
+
+    The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
+    function and its conversion of the step's logs to Python numbers, which waits for the step
+    to finish (so the time is the step's, not the time to queue it). Everything recorded here
+    (loss scale, optimizer iterations) is read outside that window.
+    """
+    import keras
+
     from tuner.keras_apply import current_loss_scale
 
-    iterations = int(optimizer.iterations.numpy())
-    for step in range(spec.steps):
-        x, y, sample_weight = batches[step % len(batches)]
-        start = time.perf_counter()
-        logs = model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
-        if "loss" not in logs:
-            raise TaskError("the model's train_step must return a dict with a 'loss' entry. "
-                            f"Received keys: {sorted(logs)}. Return {{'loss': loss, ...}}.")
-        loss = float(logs["loss"])  # already synchronised: train_on_batch returns host values
-        elapsed_ms = (time.perf_counter() - start) * 1000.0
-        result.losses.append(loss)
-        result.step_times_ms.append(elapsed_ms)
-        if step == 0:  # Keras traces (and may compile) the training step on its first call
-            result.trace_s = elapsed_ms / 1000.0
-        else:
-            result.train_s += elapsed_ms / 1000.0
-        result.loss_scales.append(current_loss_scale(optimizer))
-        now = int(optimizer.iterations.numpy())
-        if now == iterations:  # a LossScaleOptimizer skipped the update (non-finite grads)
-            result.skipped_steps += 1
-        iterations = now
-        if not math.isfinite(loss):
-            result.first_non_finite_step = step
-            result.outcome = TrialOutcome.DIVERGED
-            return
-        reason = _too_slow_reason(result, spec, step, elapsed_ms)
-        if reason:
-            result.outcome = TrialOutcome.STOPPED_SLOW
-            result.stop_reason = reason
-            return
+    class StepRecorder(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.iterations = int(optimizer.iterations.numpy())
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            elapsed_ms = (time.perf_counter() - self.started) * 1000.0
+            step = len(result.losses)
+            logs = logs or {}
+            if "loss" not in logs:
+                raise TaskError("the model's train_step must return a dict with a 'loss' entry. "
+                                f"Received keys: {sorted(logs)}. Return {{'loss': loss, ...}}.")
+            loss = float(logs["loss"])
+            result.losses.append(loss)
+            result.step_times_ms.append(elapsed_ms)
+            if step == 0:  # Keras traces (and may compile) the training step on its first call
+                result.trace_s = elapsed_ms / 1000.0
+            else:
+                result.train_s += elapsed_ms / 1000.0
+            result.loss_scales.append(current_loss_scale(optimizer))
+            if int(optimizer.iterations.numpy()) == self.iterations:
+                result.skipped_steps += 1  # a LossScaleOptimizer skipped the update
+            if not math.isfinite(loss):
+                result.first_non_finite_step = step
+                result.outcome = TrialOutcome.DIVERGED
+                self.model.stop_training = True
+                return
+            reason = _too_slow_reason(result, spec, step, elapsed_ms)
+            if reason:
+                result.outcome = TrialOutcome.STOPPED_SLOW
+                result.stop_reason = reason
+                self.model.stop_training = True
+
+    return StepRecorder()
+
+
+def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> None:
+    _fit_steps(model, batches, spec.steps, [_step_recorder(optimizer, spec, result)])
 
 
 _MAX_REPLAY_STEPS = 50
@@ -140,20 +199,20 @@ def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: 
     """Name the first layer whose output was non-finite at the step where the loss was.
 
     The diverged model's weights are already damaged by that step's update, so the trial is
-    replayed (same seed, same batches: deterministic) up to just before that step, and the
-    forward pass of that step is run with every layer's output checked.
+    replayed (same seed, same batches, the same ``fit`` steps: deterministic) up to just before
+    that step, and the forward pass of that step is run with every layer's output checked.
     """
+    import keras
+
     if step > _MAX_REPLAY_STEPS:
         return None
     reset_keras_state(seed)
     with config.scope():
         model = task.build_model()
-        model.compile(optimizer=config.wrap_optimizer(task.optimizer()), loss=task.loss,
-                      **config.compile_kwargs())
-        for index in range(step):
-            x, y, sample_weight = batches[index % len(batches)]
-            model.train_on_batch(x, y, sample_weight=sample_weight)
-        return first_non_finite_layer(model, batches[step % len(batches)][0])
+        _compile(model, task, config)
+        _fit_steps(model, batches, step)
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[step % len(batches)])
+        return first_non_finite_layer(model, x)
 
 
 def first_non_finite_layer(model, x) -> str | None:
@@ -184,17 +243,24 @@ def first_non_finite_layer(model, x) -> str | None:
 
 
 def _too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms: float) -> str:
+    """Why to stop this trial now as clearly slower than the best one so far ("" to go on)."""
     limit = spec.stop_if_slower_than_ms
-    if limit is None:
+    timed = result.timed_steps_ms  # empty during warm-up: tracing and first steps never count
+    if limit is None or not timed:
         return ""
-    if step >= 1 and elapsed_ms > _HOPELESS_FACTOR * limit:
-        # Even a warm-up step this slow cannot end up fast enough.
-        return (f"stopped at step {step}: {elapsed_ms:.1f} ms/step, over {_HOPELESS_FACTOR:g}x "
-                f"the limit of {limit:.1f} ms")
-    timed = result.timed_steps_ms
-    if len(timed) >= _MIN_TIMED_STEPS_FOR_STOP and statistics.median(timed) > limit:
-        return (f"stopped after {step + 1} steps: median {statistics.median(timed):.1f} ms/step "
-                f"> limit {limit:.1f} ms (the early-stop limit)")
+    recent = timed[-_HOPELESS_STEPS:]
+    if len(recent) == _HOPELESS_STEPS and min(recent) > _HOPELESS_FACTOR * limit:
+        return (f"stopped at step {step}: the last {_HOPELESS_STEPS} steps all took over "
+                f"{_HOPELESS_FACTOR:g}x the limit of {limit:.1f} ms (fastest "
+                f"{min(recent):.1f} ms)")
+    needed = max(_MIN_TIMED_STEPS_FOR_STOP, (spec.steps - spec.warmup_steps) // 2)
+    if len(timed) < needed:
+        return ""
+    quartile = sorted(timed)[len(timed) // 4]
+    if quartile > _CLEAR_MARGIN * limit:
+        return (f"stopped after {step + 1} steps: even the fastest quarter of its steps took "
+                f"over {quartile:.1f} ms, beyond the early-stop limit of {limit:.1f} ms "
+                f"(+{_CLEAR_MARGIN - 1:.0%} margin; median {statistics.median(timed):.1f} ms)")
     return ""
 
 
@@ -247,34 +313,57 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def probe_task(task_path: str, steps: int) -> dict:
+def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict:
     """Check the task in the worker before anything is written; return a short description.
 
-    Raises TaskError (a UsageError) when the task breaks the contract.
+    The model is built (and, if subclassed, called on the first batch so that its layers
+    exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
+    group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
+    layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
+    contract.
     """
     import keras
+    import tensorflow as tf
 
+    from tuner.config import FLOAT32_GROUPS
+    from tuner.keras_apply import float32_matches
     from tuner.worker.task_loader import fixed_batches, load_task
 
     reset_keras_state(0)
     task = load_task(task_path)
     batches = fixed_batches(task, steps)
+    with PrecisionConfig().scope():
+        model = _probe_build(task, batches[0])
+    style = ("sequential" if isinstance(model, keras.Sequential) else
+             "functional" if type(model).__name__ == "Functional" else "subclassed")
+    info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
+            "style": style, "batches": len(batches), "batch_size": _batch_size(batches[0][0]),
+            "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
+            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
+    reset_keras_state(0)
+    return info
+
+
+def _probe_build(task, first_batch):
+    import keras
+
+    from tuner.worker.task_loader import _first_line
+
     try:
         model = task.build_model()
     except Exception as exc:
         raise TaskError(f"build_model() in {task.path.name} raised {type(exc).__name__}: "
-                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. "
-                        "Fix the task file.") from exc
+                        f"{_first_line(exc)}. Fix the task file.") from exc
     if not isinstance(model, keras.Model):
         raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "
                         f"Received: {type(model).__name__}")
-    style = ("sequential" if isinstance(model, keras.Sequential) else
-             "functional" if type(model).__name__ == "Functional" else "subclassed")
-    import tensorflow as tf
-
-    info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name, "style": style, "batches": len(batches),
-            "batch_size": _batch_size(batches[0][0]),
-            "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights))
-            if model.built else None}
-    reset_keras_state(0)
-    return info
+    if not model.built:  # a subclassed model creates its layers' weights on its first call
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
+        try:
+            model(x)
+        except Exception as exc:
+            raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
+                            f"first batch of train_data() raised {type(exc).__name__}: "
+                            f"{_first_line(exc)}. Make the model accept train_data()'s x.") \
+                from exc
+    return model
