@@ -47,7 +47,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_b
 
 # -- the machine -----------------------------------------------------------------------------
 def machine() -> dict:
-    from tuner.search import machine_description
+    from tuner.job import machine_description
 
     info = {"cpu": machine_description(), "cpu_flags": [],
             "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}

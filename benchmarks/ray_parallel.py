@@ -65,8 +65,8 @@ def overheads_and_interference(task: str, steps: int) -> dict:
         while executor.in_flight():
             done += executor.wait_any()
         side_by_side += [r.median_step_ms for r in done]
-    exclusive = [r.median_step_ms for r in executor.run_exclusive([spec(20 + i) for i in range(3)],
-                                                                  600)]
+    with executor.exclusive() as session:
+        exclusive = [session.run(spec(20 + i), 600).median_step_ms for i in range(3)]
     executor.close()
     ray.shutdown()
     pool_alone = statistics.median(r.median_step_ms for r in warm)
@@ -98,7 +98,7 @@ def main() -> None:
               "study_wall_s_1_worker": round(one, 1), "study_wall_s_2_workers": round(two, 1),
               "wall_2_workers_vs_1": round(two / one, 3),
               **overheads_and_interference(task, args.steps)}
-    from tuner.search import machine_description
+    from tuner.job import machine_description
 
     report["machine"] = machine_description()
     out = ROOT / "benchmarks" / "results" / "ray_parallel.json"

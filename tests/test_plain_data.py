@@ -15,9 +15,9 @@ def test_spec_and_result_cross_process_boundaries_as_plain_data():
     assert TrialSpec.from_dict(pickle.loads(pickle.dumps(spec.to_dict()))) == spec
     result = TrialResult(3, TrialOutcome.DIVERGED, losses=[1.0, float("inf")],
                          step_times_ms=[5.0, 4.0], loss_scales=[None, None],
-                         failure_class=FailureClass.NON_FINITE)
+                         failure_class=FailureClass.OTHER)
     data = result.to_dict()
-    assert data["outcome"] == "diverged" and data["failure_class"] == "non_finite"
+    assert data["outcome"] == "diverged" and data["failure_class"] == "other"
     assert TrialResult.from_dict(pickle.loads(pickle.dumps(data))) == result
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import sys
@@ -46,6 +45,17 @@ def _ratio(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number such as 0.9, got {text!r}") from None
     if not 0 < value <= 1.5:
         raise argparse.ArgumentTypeError(f"must be in (0, 1.5], got {value}")
+    return value
+
+
+def _gain(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.03, got {text!r}") \
+            from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
 
 
@@ -103,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "[default: %(default)s]")
     tune.add_argument("--finalists", type=_positive_int, default=3, help="stable candidates "
                       "re-measured back to back before naming the winner [default: %(default)s]")
+    tune.add_argument("--min-gain", type=_gain, default=0.03, metavar="FRACTION",
+                      help="a 16-bit config is picked only when the lower end of its speedup "
+                           "interval beats float32 by this much; otherwise float32 (a tie goes "
+                           "to the simpler config) [default: %(default)s, i.e. 3%%]")
 
     export = commands.add_parser("export", help="write the best config of a finished run",
                                  description="Write the best config of a run directory.")
@@ -180,12 +194,10 @@ def _tune(args) -> int:
     from rich.console import Console
 
     from tuner.executor import LocalProcessExecutor
+    from tuner.plan import resolve
     from tuner.report import print_summary
     from tuner.run_store import RunStore
-    from tuner.search import TuneOptions, informed_space, tune
-    from tuner.space import load_space
     from tuner.task_file import check_task_file
-    from tuner.tracking import redact_uri
 
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -198,60 +210,24 @@ def _tune(args) -> int:
                          f"--executor local --workers {args.workers}"
                          + (f" --ray-address {args.ray_address}" if args.ray_address else ""))
     store = RunStore(run_dir)
-    resuming = store.exists
-    previous = store.read_run() if resuming else None
-    if args.resume and not resuming:
+    previous = store.read_run() if store.exists else None
+    if args.resume and previous is None:
         raise UsageError(f"--resume: {str(run_dir)!r} holds no run to resume (no run.json). "
                          "Pass the --run-dir of an interrupted `precision-tuner tune`.")
-    if args.exhaustive and args.trials:
-        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
-                         f"with --trials {args.trials}. Drop one of the two.")
-    if previous is not None:
-        _check_resume(previous, task_path, args)
-        # A resumed run keeps its settings (checked above not to conflict with the flags).
-        space_ref = previous["space"]
-        args.exhaustive = previous.get("exhaustive", False)
-        args.trials = None if args.exhaustive else previous["trials"]
-        args.steps = previous["steps"]
-        args.seed, args.tolerance = previous["seed"], previous["tolerance"]
-    else:
-        space_ref = _space_ref(args.space or "quick")
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
-                             "precision-tuner run. Choose a new --run-dir.")
-    space = load_space(space_ref)
-    steps = args.steps or space.budget.steps
-    if steps < space.budget.warmup_steps + 3:
-        raise UsageError(f"--steps must exceed the space's warmup_steps "
-                         f"({space.budget.warmup_steps}) by at least 3. Received: --steps {steps}")
-    if args.out.suffix.lower() not in (".json", ".yaml", ".yml"):
-        raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {args.out}")
-    if args.out.exists() and not args.force:
-        raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it, "
-                         "or choose another --out.")
+    if previous is None and run_dir.exists() and any(run_dir.iterdir()):
+        raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
+                         "precision-tuner run. Choose a new --run-dir.")
+    plan = resolve(_flags(args, task_path), previous)
+    _check_out(args.out, args.force)
     _check_writable_dir(run_dir)
     _check_writable_dir(args.out.resolve().parent)
 
-    options = TuneOptions(task_path=task_path, space=space, run_dir=run_dir, trials=args.trials,
-                          steps=args.steps, seed=args.seed or 0,
-                          min_loss_decrease_ratio=args.tolerance,
-                          tracking_uri=args.tracking_uri, finalists=args.finalists,
-                          trial_time_limit_s=float(args.time_limit), exhaustive=args.exhaustive)
-    budget = "every config" if args.exhaustive else f"{options.trials or space.trials} trials"
+    budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
-                  f"[bold]{space.name}[/] ({budget} x {steps} steps)")
-    if args.executor == "local":
-        executor = LocalProcessExecutor()
-    else:
-        from tuner.ray_executor import RayExecutor
-
-        where = f"Ray cluster at {redact_uri(args.ray_address)}" if args.ray_address \
-            else "a local Ray instance"
-        console.print(f"starting {args.workers} worker(s) on {where}...")
-        executor = RayExecutor(workers=args.workers, address=args.ray_address)
-    with executor:
+                  f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
+    with _executor(args, console) as executor:
         console.print("starting the TensorFlow worker and checking the task...")
-        task_info = executor.probe(str(task_path), steps)
+        task_info = executor.probe(str(task_path), plan.steps)
         console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                       f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
         diagnostics = executor.diagnose(str(task_path), 3)
@@ -259,54 +235,63 @@ def _tune(args) -> int:
 
         for line in conclusions(diagnostics):
             console.print(f"diagnostics: {line}", markup=False)
-        total = dataclasses.replace(options, space=informed_space(space, diagnostics)).trial_budget
-        if args.exhaustive:
-            console.print(f"exhaustive: {total} distinct configs in space {space.name}")
+        plan = plan.with_diagnostics(diagnostics)
+        if plan.exhaustive:
+            console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
         done = len(store.read_trials())
-        if resuming:
-            console.print(f"resuming {run_dir}: {done} of {total} trials already finished")
-        with _LiveProgress(console, total, done) as progress:
-            summary = tune(options, executor, progress, task_info, started=started,
-                           space_ref=space_ref, diagnostics=diagnostics)
+        if previous is not None:
+            console.print(f"resuming {run_dir}: {done} of {plan.trials} trials already finished")
+        from tuner.job import tune
+
+        with _LiveProgress(console, plan.trials, done) as progress:
+            summary = tune(plan, executor, progress, task_info, started=started,
+                           diagnostics=diagnostics)
         if isinstance(executor, LocalProcessExecutor):
             _copy_log(executor.log_path, run_dir / "worker.log")
     print_summary(summary, console)
-    if summary.best_config is None:
-        raise TunerError("no config could be chosen")
     summary.best_config.save(args.out, overwrite=True)
     console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
-                  + ("" if not args.tracking_uri else f"  (tracking: {redact_uri(args.tracking_uri)})"))
+                  + ("" if not args.tracking_uri else
+                     f"  (tracking: {_redact(args.tracking_uri)})"))
     return 0
 
 
-def _space_ref(space: str) -> str:
-    """How run.json names the space: a built-in name, or the YAML file's absolute path."""
-    if space.endswith((".yaml", ".yml")) or "/" in space:
-        return str(Path(space).resolve())
-    return space
+def _flags(args, task_path: Path):
+    from tuner.plan import Flags
+
+    return Flags(task_path=task_path, run_dir=args.run_dir, space=args.space, trials=args.trials,
+                 steps=args.steps, seed=args.seed, tolerance=args.tolerance,
+                 exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
+                 finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
+                 min_gain=args.min_gain)
 
 
-def _check_resume(previous: dict, task_path: Path, args) -> None:
-    """On resume, what the user passes must agree with what the run was started with."""
-    if previous.get("status") == "finished":
-        raise UsageError(f"the run in {str(args.run_dir)!r} already finished. Export its result "
-                         f"(precision-tuner export --run-dir {args.run_dir}) or choose a new "
-                         "--run-dir.")
-    if previous["task"] != str(task_path):
-        raise UsageError(f"--run-dir {str(args.run_dir)!r} belongs to task {previous['task']!r}, "
-                         f"not {str(task_path)!r}. Pass that task, or a new --run-dir.")
-    if args.exhaustive and not previous.get("exhaustive"):
-        raise UsageError(f"--exhaustive: the run in {str(args.run_dir)!r} was started with a "
-                         "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
-                         "or start a new --run-dir.")
-    given = {"space": _space_ref(args.space) if args.space else None, "trials": args.trials,
-             "steps": args.steps, "seed": args.seed, "tolerance": args.tolerance}
-    for key, value in given.items():
-        if value is not None and value != previous[key]:
-            raise UsageError(f"--{key} {value} differs from the interrupted run's "
-                             f"{previous[key]!r}; a resumed run keeps its settings. Drop "
-                             f"--{key}, or start a new --run-dir.")
+def _check_out(out: Path, force: bool) -> None:
+    if out.suffix.lower() not in (".json", ".yaml", ".yml"):
+        raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {out}")
+    if out.exists() and not force:
+        raise UsageError(f"--out {str(out)!r} already exists. Pass --force to overwrite it, "
+                         "or choose another --out.")
+
+
+def _redact(uri: str) -> str:
+    from tuner.tracking import redact_uri
+
+    return redact_uri(uri)
+
+
+def _executor(args, console):
+    from tuner.executor import LocalProcessExecutor
+
+    if args.executor == "local":
+        return LocalProcessExecutor()
+    from tuner.ray_executor import RayExecutor
+
+    where = f"Ray cluster at {_redact(args.ray_address)}" if args.ray_address \
+        else "a local Ray instance"
+    console.print(f"starting {args.workers} worker(s) on {where}...")
+    return RayExecutor(workers=args.workers, address=args.ray_address)
 
 
 def _copy_log(source: str, target: Path) -> None:

@@ -51,3 +51,9 @@ def describe(value: object) -> str:
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} (of type {type(value).__name__})"
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's first non-empty message line (its type name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

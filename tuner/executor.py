@@ -1,5 +1,11 @@
 """Where trials run. The driver hands a ``TrialSpec`` to an executor and gets a ``TrialResult``.
 
+``Executor`` is the interface the scheduler relies on; ``LocalProcessExecutor`` (here) and
+``tuner.ray_executor.RayExecutor`` both satisfy it, with the same error behaviour: a trial's own
+failure (an error, a crash, a timeout) comes back as a failed ``TrialResult``; a bad task file
+raises ``TaskError`` from ``probe``/``diagnose``; anything else around the trial raises
+``TrialInfrastructureError``.
+
 ``LocalProcessExecutor`` keeps one long-lived worker process (spawned, so the driver never
 imports TensorFlow): TensorFlow is imported once and reused across trials. A worker that dies
 (segfault, killed for memory) fails only that trial and is replaced; a trial past its time limit
@@ -9,15 +15,39 @@ has its worker killed and is recorded as a timeout.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import tempfile
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
+from typing import ContextManager, Iterator, Protocol
 
-from tuner.errors import TrialInfrastructureError
+from tuner.errors import TrialInfrastructureError, TunerError, first_line
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
+
+
+class ExclusiveSession(Protocol):
+    """Runs specs one after another on a worker that has its node to itself."""
+
+    exclusive_timing: bool  # False when no node could be reserved: the timings were shared
+
+    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult: ...
+
+
+class Executor(Protocol):
+    """Runs trials: up to ``slots`` side by side for screening, or exclusively for timing."""
+
+    @property
+    def slots(self) -> int: ...
+    def probe(self, task_path: str, steps: int, timeout_s: float = ...) -> dict: ...
+    def diagnose(self, task_path: str, steps: int = ..., timeout_s: float = ...) -> dict: ...
+    def in_flight(self) -> int: ...
+    def submit(self, spec: TrialSpec, time_limit_s: float) -> None: ...
+    def wait_any(self) -> list[TrialResult]: ...
+    def exclusive(self) -> ContextManager[ExclusiveSession]: ...
+    def close(self) -> None: ...
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.
 _WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
@@ -88,6 +118,8 @@ class LocalProcessExecutor:
         future = self._ensure_pool().submit(function, *args)
         try:
             return future.result(timeout=timeout_s)
+        except TunerError:
+            raise  # a bad task file (TaskError) reaches the caller as itself
         except concurrent.futures.TimeoutError:
             self._kill()
             raise TrialInfrastructureError(
@@ -97,6 +129,8 @@ class LocalProcessExecutor:
             self._kill()
             raise TrialInfrastructureError(
                 f"the worker process crashed during {what}; see " + self.log_path) from None
+        except Exception as exc:  # noqa: BLE001 - the same as on Ray: not the user's input
+            raise TrialInfrastructureError(f"{what} failed: {first_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
         """Run the task-file checks that need TensorFlow; raises TaskError on a bad task."""
@@ -121,8 +155,11 @@ class LocalProcessExecutor:
         (spec, limit), self._pending = self._pending, None
         return [self.run(spec, limit)]
 
-    def run_exclusive(self, specs: list[TrialSpec], time_limit_s: float) -> list[TrialResult]:
-        return [self.run(spec, time_limit_s) for spec in specs]  # one worker: always exclusive
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["LocalProcessExecutor"]:
+        yield self  # one worker, one trial at a time: always exclusive
+
+    exclusive_timing = True
 
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         future = self._ensure_pool().submit(_run_trial, spec.to_dict())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tuner.search import TuneSummary
+    from tuner.results import TuneSummary
 
 
 def _pyplot():

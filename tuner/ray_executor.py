@@ -7,19 +7,22 @@
   a trial past its time limit has its actor killed (a running TensorFlow op cannot be
   interrupted otherwise) and is recorded as "timeout".
 - Timing honesty: trials that ran beside another trial on the same node are marked
-  ``exclusive_timing=False``. The finalists are re-measured by ``run_exclusive`` on one actor
-  inside a placement group that reserves a whole node, so no other Ray work shares it.
+  ``exclusive_timing=False``. The finalists are re-measured in ``exclusive()``: one actor
+  inside a placement group that reserves a whole node, so no other Ray work shares it
+  (``exclusive()``); a crash there costs that run only, the session goes on on a fresh actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from tuner.errors import TrialInfrastructureError, UsageError
+from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 
 _PLACEMENT_TIMEOUT_S = 120.0
@@ -107,7 +110,7 @@ class RayExecutor:
                              logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else exc}. Start it "
+                                 f"{first_line(exc)}. Start it "
                                  "(`ray start --head`) or fix the address.") from None
         resources = ray.cluster_resources()
         self.total_cpus = int(resources.get("CPU", 1))
@@ -158,39 +161,41 @@ class RayExecutor:
             self.task_source_cache[task_path] = Path(task_path).read_text()
         return self.task_source_cache[task_path]
 
-    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+    def _call(self, what: str, method: str, *args, timeout_s: float) -> dict:
+        """A one-off job (task check, diagnostics) on the first actor.
+
+        The same error behaviour as the local executor: a precision-tuner error raised in the
+        worker (a bad task file: ``TaskError``) reaches the caller as that error; anything else
+        is an infrastructure failure.
+        """
         import ray
 
         self._fill_pool()
         slot = self._slots[0]
         try:
-            return ray.get(slot.actor.probe.remote(task_path, self._source(task_path), steps),
-                           timeout=timeout_s)
+            return ray.get(getattr(slot.actor, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.as_instanceof_cause()
-            if isinstance(cause, UsageError):
-                raise UsageError(str(cause.args[0]) if cause.args else str(cause)) from None
-            raise TrialInfrastructureError(f"checking the task failed: {cause}") from None
+            for kind in (TaskError, UsageError, TunerError):
+                if isinstance(cause, kind):
+                    raise kind(str(cause.args[0]) if cause.args else str(cause)) from None
+            raise TrialInfrastructureError(f"{what} failed: {first_line(cause)}") from None
         except ray.exceptions.GetTimeoutError:
             self._replace(slot)
-            raise TrialInfrastructureError(f"checking the task took longer than {timeout_s:.0f} "
-                                           "s (train_data() or build_model() may hang)") from None
+            raise TrialInfrastructureError(f"{what} took longer than {timeout_s:.0f} s "
+                                           "(train_data() or build_model() may hang)") from None
+        except ray.exceptions.RayError as exc:
+            self._replace(slot)
+            raise TrialInfrastructureError(f"the worker crashed during {what}: "
+                                           f"{first_line(exc)}") from None
+
+    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+        return self._call("checking the task", "probe", task_path, self._source(task_path),
+                          steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        import ray
-
-        self._fill_pool()
-        slot = self._slots[0]
-        try:
-            return ray.get(slot.actor.diagnose.remote(task_path, self._source(task_path), steps),
-                           timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            self._replace(slot)
-            raise TrialInfrastructureError(f"diagnostics took longer than {timeout_s:.0f} s") \
-                from None
-        except ray.exceptions.RayError as exc:
-            raise TrialInfrastructureError(f"diagnostics failed: {str(exc).splitlines()[0]}") \
-                from None
+        return self._call("diagnostics", "diagnose", task_path, self._source(task_path), steps,
+                          timeout_s=timeout_s)
 
     # -- running trials --------------------------------------------------------------------
     def in_flight(self) -> int:
@@ -240,16 +245,14 @@ class RayExecutor:
             result.exclusive_timing = not slot.overlapped
         except ray.exceptions.OutOfMemoryError as exc:
             result = self._failed(slot, FailureClass.OUT_OF_MEMORY,
-                                  f"Ray killed the worker for memory: {str(exc).splitlines()[0]}")
+                                  f"Ray killed the worker for memory: {first_line(exc)}")
             self._replace(slot)
         except ray.exceptions.RayActorError as exc:
             result = self._failed(slot, FailureClass.WORKER_CRASHED,
-                                  "worker process crashed (" + (str(exc).splitlines()[0][:200]
-                                                               if str(exc) else "actor died")
-                                  + "); replaced")
+                                  f"worker process crashed ({first_line(exc, 200)}); replaced")
             self._replace(slot)
         except ray.exceptions.RayError as exc:
-            result = self._failed(slot, FailureClass.OTHER, str(exc).splitlines()[0][:300])
+            result = self._failed(slot, FailureClass.OTHER, first_line(exc))
         assert result.number == number
         slot.running = slot.ref = None
         return result
@@ -286,11 +289,13 @@ class RayExecutor:
         return result
 
     # -- exclusive timing ------------------------------------------------------------------
-    def run_exclusive(self, specs: list[TrialSpec], time_limit_s: float) -> list[TrialResult]:
-        """Run specs one after another on one actor that has a whole node to itself."""
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["_ExclusiveSession"]:
+        """One actor with a whole node to itself (a placement group reserves every CPU), for
+        timings that pick the winner. When the cluster is too busy to reserve a node, the work
+        runs anyway and the session says its timings were shared."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         for slot in list(self._slots):  # the pool's actors hold CPUs the reservation needs
             if slot.running is None:
@@ -300,39 +305,18 @@ class RayExecutor:
         if self.total_gpus:
             bundle["GPU"] = 1
         group = placement_group([bundle], strategy="STRICT_PACK")
-        exclusive = True
         try:
             ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
-            (slot,) = self._start_actors(
-                1, num_cpus=node_cpus, num_gpus=bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=0))
-        except (ray.exceptions.GetTimeoutError, TrialInfrastructureError):
-            # The cluster is busy: measure anyway, and say that the timing was shared.
+        except ray.exceptions.GetTimeoutError:
             remove_placement_group(group)
-            group, exclusive = None, False
-            (slot,) = self._start_actors(1, num_cpus=1)
-        self._slots.append(slot)
-        results = []
+            group = None
+        session = _ExclusiveSession(self, group, bundle)
         try:
-            for spec in specs:
-                slot.ref = slot.actor.run.remote(self._with_source(spec))
-                slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), \
-                    time_limit_s
-                slot.overlapped = not exclusive
-                (result,) = self.wait_any()
-                results.append(result)
-                if slot not in self._slots:  # crashed or timed out: continue on a fresh one
-                    break
+            yield session
         finally:
-            if slot in self._slots:
-                self._replace(slot)
+            session.close()
             if group is not None:
                 remove_placement_group(group)
-        results += [TrialResult.failed(s.number, FailureClass.WORKER_CRASHED,
-                                       "re-measure worker lost")
-                    for s in specs[len(results):]]
-        return results
 
     def close(self) -> None:
         import ray
@@ -347,3 +331,46 @@ class RayExecutor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class _ExclusiveSession:
+    """Runs specs one at a time on one actor; a crashed or hung actor is replaced by a fresh
+    one (in the same reservation) and the session goes on."""
+
+    def __init__(self, executor: RayExecutor, group, bundle: dict[str, float]) -> None:
+        self._executor = executor
+        self._group = group
+        self._bundle = bundle
+        self._slot: _Slot | None = None
+        self.exclusive_timing = group is not None
+
+    def _ensure_actor(self) -> _Slot:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        executor = self._executor
+        if self._slot is not None and self._slot in executor._slots:
+            return self._slot
+        if self._group is not None:
+            (slot,) = executor._start_actors(
+                1, num_cpus=self._bundle["CPU"], num_gpus=self._bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=0))
+        else:
+            (slot,) = executor._start_actors(1, num_cpus=1)
+        executor._slots.append(slot)
+        self._slot = slot
+        return slot
+
+    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
+        executor = self._executor
+        slot = self._ensure_actor()
+        slot.ref = slot.actor.run.remote(executor._with_source(spec))
+        slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
+        slot.overlapped = not self.exclusive_timing
+        (result,) = executor.wait_any()
+        return result
+
+    def close(self) -> None:
+        if self._slot is not None and self._slot in self._executor._slots:
+            self._executor._replace(self._slot)
+        self._slot = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tuner.search import TrialRow, TuneSummary
+    from tuner.results import TrialRow, TuneSummary
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -14,18 +14,22 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def table_rows(summary: "TuneSummary") -> list[list[str]]:
     """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
-    reason. Speedups use the baseline's search-phase median (re-measured where available)."""
+    reason. The speedup is the re-measured one with its interval where the trial was a
+    finalist; otherwise the search-phase ratio (screening only, marked ~)."""
     base = summary.baseline.judgement.median_step_ms if summary.baseline else None
     rows = []
     for row in summary.rows:
         median = row.judgement.median_step_ms
-        speedup = base / median if base and median else None
+        if row.estimate is not None and row is not summary.baseline:
+            speedup = row.estimate.describe()
+        else:
+            speedup = _fmt(base / median if base and median else None, ".2f", "x ~")
         marker = " ★" if summary.best is not None and row is summary.best else ""
         shared = "" if row.result.exclusive_timing or median is None else " ‡"
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
-                     _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"),
-                     _fmt(speedup, ".2f", "x"), _fmt(row.judgement.loss_decrease_ratio, ".0%"),
-                     row.judgement.reason or ""])
+                     _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"), speedup,
+                     _fmt(row.judgement.loss_decrease_ratio, ".0%"),
+                     row.judgement.reason or row.judgement.note or ""])
     return rows
 
 
@@ -40,12 +44,20 @@ def headline(summary: "TuneSummary") -> list[str]:
     if only_baseline:
         lines.append("best: float32 (trial #0): no 16-bit config was both stable and within "
                      "the early-stop limit on this machine")
+    elif summary.best is not None and summary.best is summary.baseline:
+        lines.append(f"best: float32 (trial #0): {summary.decision}")
     elif summary.best is not None:
+        estimate = summary.estimate
         lines.append(f"best: {summary.best.config.describe()} (trial #{summary.best.number}), "
-                     f"{_fmt(summary.speedup, '.2f', 'x')} vs float32 "
-                     f"({_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
+                     f"{estimate.describe() if estimate else '-'} vs float32 "
+                     f"({estimate.confidence:.0%} interval; "
+                     f"{_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
+        lines.append(f"decision: {summary.decision}")
+    lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
+    notes = {r.judgement.note for r in summary.rows if r.judgement.note}
+    lines += [f"note: {note}" for note in sorted(notes)]
     if summary.shared_remeasure:
         lines.append("warning: no Ray node could be reserved for the re-measurement (the "
                      "cluster was busy); the winner's timing was taken beside other work")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.config import PrecisionConfig
+from tuner.noise import SpeedupEstimate
 from tuner.trial_types import TrialResult
 from tuner.verdict import Judgement
 
@@ -206,10 +207,15 @@ class Tracker:
         status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
         self.client.set_terminated(run_id, status)
 
-    def log_remeasure(self, run_id: str, median_ms: float, speedup: float | None) -> None:
+    def log_remeasure(self, run_id: str, median_ms: float,
+                      estimate: SpeedupEstimate | None) -> None:
+        """The re-measured median and the speedup vs float32 with its interval."""
         metrics = [("remeasured_median_step_ms", median_ms)]
-        if speedup is not None:
-            metrics.append(("remeasured_speedup_vs_float32", speedup))
+        if estimate is not None:
+            metrics += [("remeasured_speedup_vs_float32", estimate.ratio),
+                        ("remeasured_speedup_low", estimate.low),
+                        ("remeasured_speedup_high", estimate.high),
+                        ("remeasure_rounds", float(estimate.rounds))]
         self._log_metrics(run_id, metrics)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class TrialOutcome(str, enum.Enum):
-    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.search)."""
+    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.proposer)."""
 
     COMPLETED = "completed"   # trained the whole budget (losses may still be non-finite)
     DIVERGED = "diverged"     # stopped early: loss became non-finite
@@ -21,9 +21,10 @@ class TrialOutcome(str, enum.Enum):
 
 
 class FailureClass(str, enum.Enum):
+    """Why a trial could not train (a non-finite loss is not a failure: see DIVERGED)."""
+
     DTYPE_MISMATCH = "dtype_mismatch"
     OUT_OF_MEMORY = "out_of_memory"
-    NON_FINITE = "non_finite"
     TASK_ERROR = "task_error"        # the user's task code raised (build_model, data, ...)
     WORKER_CRASHED = "worker_crashed"
     TIMEOUT = "timeout"
@@ -41,7 +42,6 @@ class TrialSpec:
     warmup_steps: int
     seed: int = 0
     stop_if_slower_than_ms: float | None = None  # early stop when median step time exceeds it
-    purpose: str = "search"           # "search" | "remeasure"
     task_source: str | None = None    # the task file's code, for nodes without the file
 
     def to_dict(self) -> dict[str, Any]:

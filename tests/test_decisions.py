@@ -1,0 +1,197 @@
+"""The search's decisions, through a scripted executor: winner, ties, early stop, exhaustive
+runs with repairs, a crash during the re-measurement, and Optuna's record of repeats."""
+
+import math
+
+import pytest
+
+from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
+from tuner.config import PrecisionConfig
+from tuner.remeasure import remeasure
+from tuner.trial_types import FailureClass, TrialResult
+
+PLACEBO = """
+policies: [float32]
+epsilon:
+  backend: [null, 1.0e-4, 1.0e-3]
+  optimizer: [null, 1.0e-4, 1.0e-3]
+trials: 9
+trial: {steps: 20, warmup_steps: 3}
+"""
+
+MIXED = """
+policies: [float32, mixed_bfloat16]
+float32: {groups: [softmax]}
+trials: 3
+trial: {steps: 20, warmup_steps: 3}
+"""
+
+WITH_FLOAT16 = """
+policies: [float32, mixed_float16, mixed_bfloat16]
+loss_scale: {kinds: [none, dynamic]}
+float32: {groups: [softmax]}
+trials: 7
+trial: {steps: 20, warmup_steps: 3}
+"""
+
+
+def tune(space, machine, tmp_path, **options):
+    executor = ScriptedExecutor(machine)
+    scheduler = scheduler_for(space, executor, tmp_path, **options)
+    exhausted = scheduler.run()
+    return scheduler, remeasure(scheduler), executor, exhausted
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_placebo_space_exports_plain_float32(tmp_path, seed):
+    """Epsilons do not change a step's cost: no such config may be exported as a speedup."""
+    machine = Machine(step_ms=lambda config: 20.0, drift=0.06, seed=seed)
+    scheduler, outcome, _, _ = tune(space_file(tmp_path, PLACEBO), machine, tmp_path,
+                                    trials=9, seed=seed)
+    assert outcome.winner is scheduler.baseline
+    assert outcome.winner.config == PrecisionConfig()
+    assert "no config beats float32 beyond noise" in outcome.decision.explanation \
+        or "slower than float32" in outcome.decision.explanation
+    assert outcome.decision.estimate.ratio == 1.0
+
+
+def test_a_tie_goes_to_float32(tmp_path):
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.2, seed=3)
+    _, outcome, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    assert outcome.winner.config.policy == "float32"
+
+
+def test_a_real_gain_wins_and_its_interval_holds_the_true_speedup(tmp_path):
+    true = {"float32": 30.0, "mixed_bfloat16": 30.0 / 1.45}
+    covered = 0
+    for seed in range(20):
+        machine = Machine(step_ms=lambda c: true[c.policy], seed=seed)
+        _, outcome, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3,
+                                seed=seed)
+        estimate = outcome.decision.estimate
+        assert outcome.winner.config.policy == "mixed_bfloat16" and estimate.low > 1.03
+        # Both bf16 configs cost the same: the simpler one (no float32 placement) wins.
+        assert outcome.winner.config.float32.groups == ()
+        covered += estimate.low <= 1.45 <= estimate.high
+    assert covered >= 17  # a 95% interval: about 19 of 20
+
+
+def test_a_first_run_penalty_on_a_fresh_worker_cannot_make_a_slower_config_win(tmp_path):
+    """The 'wrong answer': float32 re-measured first on a fresh worker looked 46% slow, and a
+    config that an A/B times at 0.93x was exported as 1.34x."""
+    true = {"float32": 22.6, "mixed_bfloat16": 22.6 / 0.93}
+    machine = Machine(step_ms=lambda c: true[c.policy], first_run_penalty=1.46, seed=2)
+    scheduler, outcome, executor, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path,
+                                           trials=3)
+    assert outcome.winner.config.policy == "float32"
+    bf16 = [r for r in scheduler.rows if r.config.policy == "mixed_bfloat16" and r.estimate]
+    assert bf16 and all(r.estimate.low < 1.0 for r in bf16)
+    assert executor.remeasured[0] == 0  # the discarded warm-up run is float32's
+
+
+def test_rounds_stop_at_the_target_or_the_cap_and_say_which(tmp_path):
+    from tuner.plan import Remeasurement
+
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 10.0, drift=0.01,
+                      jitter=0.01)
+    _, calm, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    assert "in 3 rounds" in calm.notes[0]
+    noisy = Machine(step_ms=lambda c: 20.0, drift=0.3, seed=4)
+    _, capped, _, _ = tune(space_file(tmp_path, MIXED), noisy, tmp_path, trials=3,
+                           remeasurement=Remeasurement(max_rounds=4, time_cap_s=1e9))
+    assert "4 rounds, stopped by the 4-round cap" in capped.notes[0]
+
+
+def test_a_crash_during_the_remeasurement_loses_that_finalist_only(tmp_path):
+    crashed = []
+
+    def crash_once(config, spec, exclusive):
+        if exclusive and config.float32.groups and not crashed:
+            crashed.append(spec.number)
+            return TrialResult.failed(spec.number, FailureClass.WORKER_CRASHED,
+                                      "worker process crashed (exit code -9); replaced",
+                                      warmup_steps=spec.warmup_steps)
+        return None
+
+    true = {"float32": 30.0, "mixed_bfloat16": 15.0}
+    machine = Machine(step_ms=lambda c: true[c.policy], fail=crash_once)
+    _, outcome, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    assert crashed
+    assert any(f"lost #{crashed[0]}" in note and "worker process crashed" in note
+               for note in outcome.notes)
+    assert outcome.winner.config.policy == "mixed_bfloat16"
+    assert outcome.winner.number != crashed[0]
+
+
+def test_exhaustive_runs_every_grid_config_whatever_repairs_happen(tmp_path):
+    space = space_file(tmp_path, WITH_FLOAT16)
+
+    def mismatch(config, spec, exclusive):
+        if config.policy == "mixed_float16" and "dense_1" not in config.float32.layers:
+            return TrialResult.failed(spec.number, FailureClass.DTYPE_MISMATCH,
+                                      "dtype mismatch in layer dense_1", "dense_1",
+                                      warmup_steps=spec.warmup_steps)
+        return None
+
+    machine = Machine(step_ms=lambda c: 20.0, fail=mismatch)
+    scheduler, _, _, _ = tune(space, machine, tmp_path, trials=0, exhaustive=True)
+    from tuner.proposer import config_key
+
+    ran = {config_key(r.config) for r in scheduler.rows}
+    grid = {config_key(space.config_from_params(p)) for p in space.grid_params()}
+    assert grid <= ran
+    repairs = [r for r in scheduler.rows if r.repair]
+    assert repairs and all("dense_1" in r.config.float32.layers for r in repairs)
+    assert len(scheduler.rows) == len(grid) + len(repairs)
+
+
+def test_optuna_counts_each_training_once(tmp_path):
+    """A sampler that repeats a config gets its repeat told as PRUNED with repeat_of."""
+    import optuna
+
+    space = space_file(tmp_path, WITH_FLOAT16)
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 12.0)
+    scheduler, _, _, _ = tune(space, machine, tmp_path, trials=6)
+    study = scheduler.proposer.study
+    finished = [t for t in study.trials if t.state.is_finished()]
+    trainings = [t for t in finished if "repeat_of" not in t.user_attrs]
+    assert sorted(t.user_attrs["trial"] for t in trainings) == \
+        sorted(r.number for r in scheduler.rows if not r.repair)
+    repeats = [t for t in finished if "repeat_of" in t.user_attrs]
+    assert all(t.state is optuna.trial.TrialState.PRUNED for t in repeats)
+    numbers = {r.number for r in scheduler.rows}
+    assert all(t.user_attrs["repeat_of"] in numbers for t in repeats)
+
+
+def test_a_budget_that_covers_the_space_enumerates_it_once(tmp_path):
+    space = space_file(tmp_path, MIXED)
+    machine = Machine(step_ms=lambda c: 20.0)
+    scheduler, _, _, exhausted = tune(space, machine, tmp_path, trials=10)
+    assert len(scheduler.rows) == space.size() == 3
+    assert len(scheduler.proposer.study.trials) == 3 and exhausted
+
+
+def test_early_stop_limit_comes_from_exclusive_timings(tmp_path):
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 10.0, drift=0.0,
+                      jitter=0.0)
+    scheduler, _, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    for row in scheduler.rows:
+        row.result.exclusive_timing = row.number == 0
+    # Only float32 (20 ms) was timed alone: the limit comes from it, not the shared 10 ms.
+    assert scheduler.stop_limit_ms() == pytest.approx(1.5 * 20.0)
+    for row in scheduler.rows:
+        row.result.exclusive_timing = False
+    assert scheduler.stop_limit_ms() == pytest.approx(1.5 * 1.5 * 10.0)  # widened
+
+
+def test_no_stable_16bit_config_gives_float32_without_remeasuring(tmp_path):
+    def diverge(config, spec, exclusive):
+        if config.policy != "float32":
+            return TrialResult.failed(spec.number, FailureClass.OTHER, "boom",
+                                      warmup_steps=spec.warmup_steps)
+        return None
+
+    machine = Machine(step_ms=lambda c: 20.0, fail=diverge)
+    _, outcome, executor, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    assert outcome.winner.number == 0 and not executor.remeasured
+    assert math.isclose(outcome.decision.estimate.ratio, 1.0)

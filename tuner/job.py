@@ -1,0 +1,218 @@
+"""Where a run directory is opened or resumed, and a tuning job runs from start to records.
+
+``tune(plan, executor)``: open the run directory (or resume it: finished trials are kept,
+trials that were running are failed in Optuna, their MLflow runs ended as killed, and
+re-queued), run the search (``tuner.scheduler``), re-measure the finalists
+(``tuner.remeasure``), and close the records: best config with provenance, trials.json, plots,
+the MLflow parent run. Only this process writes the Optuna storage and MLflow.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner.config import PrecisionConfig
+from tuner.plan import RunPlan
+from tuner.proposer import Proposer, create_study, recover_study
+from tuner.remeasure import Remeasured, remeasure
+from tuner.results import Progress, TrialRow, TuneSummary, row_record
+from tuner.run_store import RunStore, write_atomic
+from tuner.scheduler import Scheduler
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu} ({platform.system()} {platform.machine()})"
+
+
+def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
+               task_info: dict[str, Any]) -> dict[str, Any]:
+    """Where an exported config came from, with its speedup *and* that speedup's interval."""
+    estimate = outcome.decision.estimate
+    return {
+        "task": plan.task_path.name,
+        "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "trial": best.number,
+        "median_step_ms": round(best.remeasured_ms or best.judgement.median_step_ms or 0.0, 4),
+        "speedup_vs_float32": round(estimate.ratio, 4),
+        "speedup_interval": [round(estimate.low, 4), round(estimate.high, 4)],
+        "confidence": estimate.confidence,
+        "remeasure_rounds": estimate.rounds,
+        "tie_within_noise": outcome.decision.tie,
+        "decision": outcome.decision.explanation,
+        "min_gain": plan.min_gain,
+        "machine": machine_description(),
+        "tensorflow": task_info.get("tensorflow", "?"),
+        "keras": task_info.get("keras", "?"),
+    }
+
+
+class _Records:
+    """Each trial in MLflow (a child run, opened when it starts) and in trials.jsonl."""
+
+    def __init__(self, tracker, store: RunStore) -> None:
+        self.tracker = tracker
+        self.store = store
+        self.open_runs: dict[int, str] = {}
+        self.baseline_ms: float | None = None   # float32's search-phase median
+
+    def trial_started(self, number: int, config: PrecisionConfig, optuna_number: int | None,
+                      repair: bool) -> None:
+        self.open_runs[number] = self.tracker.start_trial(
+            number=number, config=config, optuna_number=optuna_number,
+            purpose="repair" if repair else "search")
+
+    def trial_finished(self, row: TrialRow) -> None:
+        row.run_id = self.open_runs.pop(row.number)
+        baseline_ms = row.judgement.median_step_ms if row.number == 0 else self.baseline_ms
+        self.tracker.log_trial(row.run_id, config=row.config, result=row.result,
+                               judgement=row.judgement, baseline_ms=baseline_ms)
+        if row.number == 0:
+            self.baseline_ms = row.judgement.median_step_ms
+            if not row.judgement.stable:
+                return  # the job ends here; a resume must start from a good baseline
+        self.store.append_trial(row_record(row))
+
+
+def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory) -> tuple[Any, Scheduler]:
+    task_name = plan.task_path.stem
+    if plan.resume:
+        record = store.read_run()
+        study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True)
+        requeued = recover_study(study)
+        tracker.resume_parent(record["parent_run_id"])
+        scheduler = scheduler_factory(study, requeued)
+        scheduler.restore(store.read_trials())
+        if scheduler.baseline is not None:
+            scheduler.records.baseline_ms = scheduler.baseline.judgement.median_step_ms
+        return study, scheduler
+    study_name = f"{task_name}-{plan.run_dir.name}"
+    study = create_study(plan.run_dir, study_name, plan.seed)
+    parent_id = tracker.start_parent(
+        f"tune {task_name} · {plan.space.name}",
+        params={**plan.settings(), "slow_factor": plan.slow_factor,
+                "finalists": plan.finalists},
+        tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description()})
+    store.write_run({**plan.settings(), "study_name": study_name, "parent_run_id": parent_id,
+                     "experiment": f"precision-tuner/{task_name}", "status": "running",
+                     "created_at": datetime.datetime.now(datetime.timezone.utc)
+                     .isoformat(timespec="seconds")})
+    return study, scheduler_factory(study, [])
+
+
+def tune(plan: RunPlan, executor, progress: Progress | None = None,
+         task_info: dict[str, Any] | None = None, started: float | None = None,
+         diagnostics: dict[str, Any] | None = None) -> TuneSummary:
+    """Run (or resume) a whole tuning job; the caller has validated input and resolved the
+    plan (already informed by ``diagnostics``, which are recorded here). ``started`` (a
+    ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time.
+    """
+    from tuner.tracking import Tracker, default_tracking_uri
+
+    started = time.perf_counter() if started is None else started
+    task_info = task_info or {}
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(plan.run_dir)
+    if diagnostics is not None:
+        write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
+    tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
+    tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
+    records = _Records(tracker, store)
+
+    def scheduler_factory(study, requeued) -> Scheduler:
+        proposer = Proposer(plan.space, study, enumerate_space=plan.enumerates_space,
+                            requeued=requeued)
+        return Scheduler(plan, executor, proposer, records, progress)
+
+    _, scheduler = _open(plan, tracker, store, scheduler_factory)
+    if diagnostics is not None:
+        tracker.log_diagnostics(diagnostics)
+    try:
+        exhausted = scheduler.run()
+        outcome = remeasure(scheduler)
+        for row in scheduler.rows:
+            if row.remeasured_ms is not None and row.run_id:
+                tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
+    except KeyboardInterrupt:
+        # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
+        # re-queued by the next `tune` on this run directory), and stop.
+        for run_id in records.open_runs.values():
+            tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
+        tracker.client.set_terminated(tracker.parent_id, "KILLED")
+        store.update_run(status="interrupted")
+        raise
+    except Exception:
+        tracker.client.set_terminated(tracker.parent_id, "FAILED")
+        store.update_run(status="failed")
+        raise
+    summary = _summary(plan, scheduler, outcome, exhausted, started, tracker, task_info)
+    _close_records(plan, summary, scheduler, tracker, store, diagnostics)
+    return summary
+
+
+def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted: bool,
+             started: float, tracker, task_info: dict[str, Any]) -> TuneSummary:
+    best = outcome.winner
+    best_config = PrecisionConfig.from_dict(
+        {**best.config.to_dict(), "provenance": provenance(best, outcome, plan, task_info)})
+    return TuneSummary(
+        rows=sorted(scheduler.rows, key=lambda r: r.number), best=best,
+        baseline=scheduler.baseline, estimate=outcome.decision.estimate,
+        wall_s=time.perf_counter() - started, train_s=scheduler.train_s,
+        trace_s=scheduler.trace_s, run_dir=plan.run_dir, parent_run_id=tracker.parent_id,
+        tracking_uri=tracker.tracking_uri, space_exhausted=exhausted, task_info=task_info,
+        best_config=best_config, shared_remeasure=outcome.shared, tie=outcome.decision.tie,
+        decision=outcome.decision.explanation, remeasure_notes=outcome.notes)
+
+
+def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tracker,
+                   store: RunStore, diagnostics: dict[str, Any] | None) -> None:
+    from tuner.report import summary_markdown
+
+    summary.best_config.save(plan.run_dir / "best_precision.json", overwrite=True)
+    store.write_trials([row_record(r) for r in summary.rows])
+    tracker.log_plots(_make_plots(summary, diagnostics, plan.run_dir / "plots"))
+    estimate, best, baseline = summary.estimate, summary.best, summary.baseline
+    metrics = {
+        "best_speedup_vs_float32": estimate.ratio if estimate else None,
+        "best_speedup_low": estimate.low if estimate else None,
+        "best_speedup_high": estimate.high if estimate else None,
+        "tie_within_noise": float(summary.tie),
+        "best_median_step_ms": best.remeasured_ms if best else None,
+        "float32_median_step_ms": baseline.remeasured_ms if baseline else None,
+        "trials": float(len(summary.rows)),
+        "stable_trials": float(sum(r.judgement.stable for r in summary.rows)),
+        "wall_s": summary.wall_s, "train_s": summary.train_s, "trace_s": summary.trace_s,
+        "outside_training_fraction": summary.outside_training_fraction,
+    }
+    tracker.finish_parent(metrics={k: v for k, v in metrics.items() if v is not None},
+                          best=summary.best_config, summary_markdown=summary_markdown(summary),
+                          status="FINISHED")
+    store.update_run(status="finished")
+
+
+def _make_plots(summary: TuneSummary, diagnostics: dict[str, Any] | None,
+                folder: Path) -> list[Path]:
+    """Plots are a courtesy: a plotting problem is reported, never fatal to the job."""
+    import warnings
+
+    try:
+        from tuner.plots import make_all
+
+        return make_all(summary, diagnostics, folder)
+    except Exception as exc:  # noqa: BLE001
+        warnings.warn(f"could not draw the plots: {type(exc).__name__}: {exc}", stacklevel=2)
+        return []

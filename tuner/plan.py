@@ -1,0 +1,159 @@
+"""The run plan: every setting of a tuning job, resolved once, with concrete values.
+
+Built from the user's flags, the search space and — when a run directory is resumed — the
+settings recorded in its ``run.json`` (a resumed run keeps its settings; a flag that disagrees
+is refused). The CLI builds one; so can anything else that starts a job. Frozen: nothing
+downstream fills in a default or rewrites a flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.decision import DEFAULT_MIN_GAIN
+from tuner.errors import UsageError
+from tuner.space import SearchSpace, load_space
+
+MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
+
+
+@dataclass(frozen=True)
+class Remeasurement:
+    """How the finalists are re-timed against float32 before a winner is named."""
+
+    min_rounds: int = 3
+    max_rounds: int = 8
+    target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
+    time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the user asked for; ``None`` means "not given" (a default or the resumed run's)."""
+
+    task_path: Path
+    run_dir: Path
+    space: str | None = None
+    trials: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    tolerance: float | None = None
+    exhaustive: bool = False
+    tracking_uri: str | None = None
+    finalists: int = 3
+    trial_time_limit_s: float = 900.0
+    min_gain: float = DEFAULT_MIN_GAIN
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    task_path: Path
+    run_dir: Path
+    space: SearchSpace
+    space_ref: str                      # built-in name or the YAML file's absolute path
+    trials: int                         # the budget (the grid's size when exhaustive)
+    steps: int
+    seed: int
+    tolerance: float                    # share of float32's loss decrease a trial must reach
+    exhaustive: bool
+    tracking_uri: str | None            # None: SQLite in the run directory
+    resume: bool
+    finalists: int = 3
+    trial_time_limit_s: float = 900.0
+    slow_factor: float = 1.5            # early-stop limit: this much slower than the best
+    min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
+    remeasurement: Remeasurement = Remeasurement()
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.space.budget.warmup_steps
+
+    @property
+    def enumerates_space(self) -> bool:
+        """True when every config of the space will run (exhaustive, or a budget that covers
+        it): then the space is enumerated once instead of sampled with repeats."""
+        return self.exhaustive or self.trials >= self.space.size()
+
+    def settings(self) -> dict[str, Any]:
+        """What run.json records (and a resumed run is held to)."""
+        return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
+                "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
+                "exhaustive": self.exhaustive, "min_gain": self.min_gain}
+
+    def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
+        """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""
+        space = self.space.with_diagnostics(diagnostics["candidates"],
+                                            diagnostics["loss_scale"]["initial_scale"])
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(self, space=space, trials=trials)
+
+
+def space_ref(space: str) -> str:
+    """How run.json names a space: a built-in name, or the YAML file's absolute path."""
+    if looks_like_path(space):
+        return str(Path(space).resolve())
+    return space
+
+
+def looks_like_path(text: str) -> bool:
+    return text.endswith((".yaml", ".yml")) or "/" in text
+
+
+def check_steps(steps: int, warmup_steps: int, what: str) -> None:
+    if steps < warmup_steps + MIN_TIMED_STEPS:
+        raise UsageError(f"{what} must exceed the space's warmup_steps ({warmup_steps}) by at "
+                         f"least {MIN_TIMED_STEPS}, so that step times can be measured after "
+                         f"warm-up. Received: {what} {steps}")
+
+
+def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
+    """The plan for new run (``previous`` is None) or for resuming the run ``previous``
+    describes (its run.json). Raises UsageError when the flags conflict."""
+    if flags.exhaustive and flags.trials:
+        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
+                         f"with --trials {flags.trials}. Drop one of the two.")
+    if previous is not None:
+        _check_resume(previous, flags)
+        ref, recorded = previous["space"], previous
+    else:
+        ref, recorded = space_ref(flags.space or "quick"), {}
+    space = load_space(ref)
+    exhaustive = recorded.get("exhaustive", flags.exhaustive)
+    steps = recorded.get("steps") or flags.steps or space.budget.steps
+    check_steps(steps, space.budget.warmup_steps, "--steps")
+    trials = space.size() if exhaustive else (recorded.get("trials") or flags.trials
+                                              or space.trials)
+    return RunPlan(
+        task_path=flags.task_path, run_dir=flags.run_dir, space=space, space_ref=ref,
+        trials=trials, steps=steps, seed=recorded.get("seed", flags.seed or 0),
+        tolerance=recorded.get("tolerance") or flags.tolerance
+        or space.budget.min_loss_decrease_ratio,
+        exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
+        finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
+        min_gain=recorded.get("min_gain", flags.min_gain))
+
+
+def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
+    """On resume, what the user passes must agree with what the run was started with."""
+    run_dir = flags.run_dir
+    if previous.get("status") == "finished":
+        raise UsageError(f"the run in {str(run_dir)!r} already finished. Export its result "
+                         f"(precision-tuner export --run-dir {run_dir}) or choose a new "
+                         "--run-dir.")
+    if previous["task"] != str(flags.task_path):
+        raise UsageError(f"--run-dir {str(run_dir)!r} belongs to task {previous['task']!r}, "
+                         f"not {str(flags.task_path)!r}. Pass that task, or a new --run-dir.")
+    if flags.exhaustive and not previous.get("exhaustive"):
+        raise UsageError(f"--exhaustive: the run in {str(run_dir)!r} was started with a "
+                         "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
+                         "or start a new --run-dir.")
+    given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
+             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance}
+    for key, value in given.items():
+        if value is not None and value != previous[key]:
+            raise UsageError(f"--{key} {value} differs from the interrupted run's "
+                             f"{previous[key]!r}; a resumed run keeps its settings. Drop "
+                             f"--{key}, or start a new --run-dir.")

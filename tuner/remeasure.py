@@ -1,0 +1,174 @@
+"""Re-timing the finalists against float32: the measurements the winner is decided on.
+
+Search-phase medians only screen (one run each, possibly beside another trial). Here:
+
+- The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
+  to itself (``executor.exclusive()``).
+- A warm-up run of float32 comes first and is discarded: the first run on a fresh worker pays
+  for thread pools, the allocator and cold caches, and a config that always ran first was
+  measured up to 46% slow because of it.
+- Rounds: each runs float32 and every finalist once. The order rotates and reverses from round
+  to round, so no config always runs first or right after the same neighbour.
+- From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
+  and rounds stop once the decision is clear (every interval below float32 + ``min_gain``, or a
+  single finalist left whose interval clears it), or the leader's interval is within
+  ``target_half_width``, or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
+- A run that fails (crash, timeout, unstable) drops that finalist, named in the notes; the
+  session continues on a fresh worker.
+
+The winner is then decided by ``tuner.decision.decide`` on the intervals.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tuner.decision import Candidate, Decision, decide
+from tuner.errors import TunerError
+from tuner.noise import PooledNoise, SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
+from tuner.results import TrialRow
+from tuner.scheduler import Scheduler, make_spec
+
+
+@dataclass
+class Remeasured:
+    winner: TrialRow
+    decision: Decision
+    notes: list[str] = field(default_factory=list)
+    shared: bool = False                 # the timings were not exclusive (busy cluster)
+
+
+def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
+    stable = [r for r in scheduler.rows[1:] if r.judgement.stable and r.judgement.median_step_ms]
+    return sorted(stable, key=lambda r: r.judgement.median_step_ms)[:scheduler.plan.finalists]
+
+
+def remeasure(scheduler: Scheduler) -> Remeasured:
+    baseline = scheduler.baseline
+    if baseline is None:
+        raise TunerError("no float32 baseline to re-measure against")
+    finalists = finalists_of(scheduler)
+    if not finalists:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, decide(baseline.number, [], min_gain=scheduler.plan.min_gain),
+                          ["no stable config besides float32: nothing to re-measure"])
+    return _Rounds(scheduler, baseline, finalists).run()
+
+
+class _Rounds:
+    def __init__(self, scheduler: Scheduler, baseline: TrialRow,
+                 finalists: list[TrialRow]) -> None:
+        self.scheduler = scheduler
+        self.plan = scheduler.plan
+        self.policy = scheduler.plan.remeasurement
+        self.baseline = baseline
+        self.active = list(finalists)
+        self.count = len(finalists)
+        self.notes: list[str] = []
+        self.shared = False
+        for row in [baseline, *finalists]:
+            row.remeasured_rounds = []
+
+    def run(self) -> Remeasured:
+        scheduler, policy = self.scheduler, self.policy
+        scheduler.progress.phase(
+            f"re-measuring float32 and {len(self.active)} finalist(s) back to back, "
+            f"{policy.min_rounds}-{policy.max_rounds} rounds")
+        started = time.perf_counter()
+        stop = ""
+        with scheduler.executor.exclusive() as session:
+            self.shared = not session.exclusive_timing
+            self._time(session, self.baseline)          # warm-up run, discarded
+            self.baseline.remeasured_rounds = []
+            rounds = 0
+            while not stop:
+                self._round(session, rounds)
+                rounds += 1
+                stop = self._stop_reason(rounds, time.perf_counter() - started)
+        self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in {rounds} "
+                             f"rounds, stopped by {stop}")
+        return self._decide(rounds)
+
+    def _time(self, session, row: TrialRow) -> list[float] | None:
+        """One run of ``row``'s config; its timed steps, or None when the run failed."""
+        spec = make_spec(self.plan, row.number, row.config)
+        result = self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s))
+        if not result.exclusive_timing:
+            self.shared = True
+        judgement = self.scheduler.judge(result)
+        if not judgement.stable or not result.timed_steps_ms:
+            if row is not self.baseline:
+                self.active.remove(row)
+                self.notes.append(f"lost #{row.number} ({row.config.describe()}) in the "
+                                  f"re-measurement: {judgement.reason or 'no timed steps'}")
+            return None
+        return list(result.timed_steps_ms)
+
+    def _round(self, session, index: int) -> None:
+        order = [self.baseline, *self.active]
+        shift = index % len(order)
+        order = order[shift:] + order[:shift]
+        if index % 2:
+            order.reverse()
+        for row in order:
+            if row is self.baseline or row in self.active:
+                steps = self._time(session, row)
+                row.remeasured_rounds.append(steps or [])
+        if not any(self.baseline.remeasured_rounds):
+            raise TunerError("re-measuring the float32 baseline failed; cannot name a winner. "
+                             "Is the machine overloaded or out of memory?")
+
+    def _estimates(self) -> dict[int, SpeedupEstimate]:
+        """Each active finalist's speedup; the round-to-round noise is pooled over all."""
+        ratios = {row.number: round_log_ratios(self.baseline.remeasured_rounds,
+                                               row.remeasured_rounds) for row in self.active}
+        pooled = PooledNoise.of(list(ratios.values()))
+        estimates = {}
+        for row in self.active:
+            if ratios[row.number]:
+                row.estimate = speedup_from_log_ratios(ratios[row.number], pooled)
+                estimates[row.number] = row.estimate
+        return estimates
+
+    def _stop_reason(self, rounds: int, elapsed_s: float) -> str:
+        policy = self.policy
+        if not self.active:
+            return "every finalist was lost"
+        if rounds < policy.min_rounds:
+            return ""
+        estimates = self._estimates()
+        if not estimates:
+            return "no finalist could be paired with a float32 round"
+        leader = max(self.active, key=lambda r: r.estimate.ratio if r.estimate else 0.0)
+        for row in list(self.active):
+            if row is not leader and row.estimate and row.estimate.high < leader.estimate.low:
+                self.active.remove(row)
+                self.notes.append(f"dropped #{row.number} after {rounds} rounds: "
+                                  f"{row.estimate.describe()}, clearly behind #{leader.number} "
+                                  f"({leader.estimate.describe()})")
+        width = leader.estimate.relative_half_width
+        bar = 1.0 + self.plan.min_gain
+        if all(r.estimate and r.estimate.high < bar for r in self.active):
+            return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
+                    f"(leader's interval +-{width:.1%})")
+        if leader.estimate.clears(bar) and len(self.active) == 1:
+            return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
+        if width <= policy.target_half_width:
+            return (f"the leader's interval reached the +-{policy.target_half_width:.0%} target "
+                    f"(+-{width:.1%})")
+        if rounds >= policy.max_rounds:
+            return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
+        if elapsed_s >= policy.time_cap_s:
+            return (f"the {policy.time_cap_s:.0f} s time cap (leader's interval "
+                    f"+-{width:.1%})")
+        return ""
+
+    def _decide(self, rounds: int) -> Remeasured:
+        self.baseline.estimate = SpeedupEstimate.identity(rounds)
+        candidates = [Candidate(r.number, r.config, r.estimate) for r in self.active
+                      if r.estimate is not None]
+        decision = decide(self.baseline.number, candidates, min_gain=self.plan.min_gain,
+                          baseline_rounds=rounds)
+        rows = {r.number: r for r in self.scheduler.rows}
+        return Remeasured(rows[decision.winner], decision, self.notes, self.shared)
