@@ -95,6 +95,11 @@ class LossScale:
         if isinstance(self.growth_steps, bool) or not isinstance(self.growth_steps, int) \
                 or self.growth_steps < 1:
             raise _fail(source, "loss_scale.growth_steps", self.growth_steps, "an integer >= 1")
+        if self.kind == "dynamic" and self.initial_scale <= self.floor:
+            raise ConfigError(f"{source}: a dynamic loss scale must start above its floor, or it "
+                              f"counts as collapsed before the first step. Received: "
+                              f"initial_scale={self.initial_scale:g}, floor={self.floor:g}. "
+                              "Raise initial_scale or lower floor.")
         if self.kind == "fixed":
             if self.value is None:
                 raise ConfigError(f"{source}: `loss_scale.value` is required when kind is 'fixed'. "

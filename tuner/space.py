@@ -8,6 +8,8 @@ No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import itertools
 import math
 from dataclasses import dataclass, fields, replace
@@ -129,11 +131,36 @@ class SearchSpace:
                     "f32_riskiest", list(range(len(self.risky_layers) + 1)))
         return self.config_from_params(params)
 
+    def fitted(self, matches: Mapping[str, Any]) -> tuple["SearchSpace", list[str]]:
+        """This space with its float32 placements resolved against the model's layers.
+
+        ``matches`` is what the worker's task check found, ``probe_task(...)["float32_matches"]``:
+        ``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}, "all_layers":
+        [path, ...]}``. A group that selects no layer would only repeat other configs, so it is
+        dropped, with one line saying so (returned). A ``float32.layers`` pattern that selects no
+        layer is the user's mistake: SearchSpaceError, naming the closest layer paths.
+        """
+        kept, notes = [], []
+        for group in self.float32_groups:
+            if _group_paths(matches, group):
+                kept.append(group)
+            else:
+                notes.append(f"float32 group {group!r} matches no layer of the model: dropped "
+                             "from the space")
+        for pattern in self.float32_layers:
+            if not _pattern_paths(matches, pattern):
+                raise SearchSpaceError(_no_layer_message(f"search space {self.name!r}", pattern,
+                                                         matches))
+        return replace(self, float32_groups=tuple(kept)), notes
+
     def with_diagnostics(self, ranked_layers: Sequence[str],
                          recommended_scale: float | None = None) -> "SearchSpace":
         """This space with what diagnostics found: the riskiest layers (for `auto_layers`) and
         the recommended initial loss scale (for `initial_scales: [auto, ...]`)."""
         scales = self.initial_scales
+        if recommended_scale is not None:
+            # Never the floor itself: a scale that starts there reads as collapsed at once.
+            recommended_scale = max(float(recommended_scale), 2.0 * self.loss_scale_floor)
         if self.auto_initial_scale and recommended_scale:
             scales = (float(recommended_scale),) if self.auto_initial_scale == "only" else \
                 scales + tuple(s for s in (float(recommended_scale),) if s not in scales)
@@ -248,6 +275,57 @@ class SearchSpace:
                    for policy in self.policies)
 
 
+def effective_placement(config: PrecisionConfig, matches: Mapping[str, Any]) -> Float32Placement:
+    """The part of ``config.float32`` that changes something on this model.
+
+    Under the float32 policy nothing does. Otherwise a group or pattern that selects no layer
+    is left out, and so is a pattern whose layers the groups and earlier patterns already place
+    (placing a layer places everything inside it). Two configs with equal effective placements
+    train the same model the same way; an exported config names only these placements.
+    ``matches`` as for :meth:`SearchSpace.fitted`.
+    """
+    if config.policy == "float32":
+        return Float32Placement()
+    groups = tuple(g for g in config.float32.groups if _group_paths(matches, g))
+    placed = [path for group in groups for path in _group_paths(matches, group)]
+    patterns = []
+    for pattern in config.float32.layers:
+        paths = _pattern_paths(matches, pattern)
+        if any(not _inside_any(path, placed) for path in paths):
+            patterns.append(pattern)
+            placed += paths
+    return Float32Placement(groups, tuple(patterns))
+
+
+def _group_paths(matches: Mapping[str, Any], group: str) -> list[str]:
+    return list(matches.get("groups", {}).get(group) or [])
+
+
+def _pattern_paths(matches: Mapping[str, Any], pattern: str) -> list[str]:
+    """The layers a pattern selects: as the task check reported, else matched here the way the
+    worker matches (a glob on the layer's path or on its name, the path's last part)."""
+    reported = matches.get("layers", {}).get(pattern)
+    if reported is not None:
+        return list(reported)
+    return [path for path in matches.get("all_layers", [])
+            if fnmatch.fnmatchcase(path, pattern)
+            or fnmatch.fnmatchcase(path.rpartition("/")[2], pattern)]
+
+
+def _inside_any(path: str, placed: Sequence[str]) -> bool:
+    return any(path == outer or path.startswith(outer + "/") for outer in placed)
+
+
+def _no_layer_message(source: str, pattern: str, matches: Mapping[str, Any]) -> str:
+    paths = list(matches.get("all_layers", []))
+    candidates = paths + sorted({path.rpartition("/")[2] for path in paths} - set(paths))
+    close = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.4)
+    hint = f"closest layers: {', '.join(close)}" if close else \
+        f"the model's layers are: {', '.join(paths[:8])}{', ...' if len(paths) > 8 else ''}"
+    return (f"{source}: float32.layers pattern {pattern!r} matches no layer of the model; "
+            f"{hint}. Use a layer name or path (glob patterns allowed), or remove the pattern.")
+
+
 def _parse(data: object, source: str, name: str) -> SearchSpace:
     top = _mapping(source, "", data, ("description", "policies", "loss_scale", "epsilon",
                                       "float32", "trials", "trial"))
@@ -281,6 +359,12 @@ def _parse(data: object, source: str, name: str) -> SearchSpace:
             raise SearchSpaceError(f"{source}: `loss_scale.floor` must be a positive number. "
                                    f"Received: floor={describe(scale['floor'])}")
         kwargs["loss_scale_floor"] = float(scale["floor"])
+    floor = kwargs.get("loss_scale_floor", 1.0)
+    low = [v for v in kwargs.get("initial_scales", ()) if v <= floor]
+    if low:
+        raise SearchSpaceError(f"{source}: `loss_scale.initial_scales` must be above the floor "
+                               f"({floor:g}), or the scale counts as collapsed before the first "
+                               f"step. Received: {low[0]:g}. Raise it or lower `floor`.")
     epsilon = _mapping(source, "epsilon", top.get("epsilon"), ("backend", "optimizer"))
     for key in ("backend", "optimizer"):
         if key in epsilon:

@@ -1,0 +1,194 @@
+"""The rules that keep noise out of decisions: intervals, verdicts on tiny decreases, early
+stopping, loss-scale floors, the run plan."""
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tuner.config import LossScale, PrecisionConfig
+from tuner.decision import Candidate, complexity, decide
+from tuner.errors import ConfigError, SearchSpaceError, UsageError
+from tuner.noise import PooledNoise, SpeedupEstimate, paired_speedup, speedup_from_log_ratios
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.verdict import Verdict, _window, judge
+
+RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
+
+
+# -- intervals ----------------------------------------------------------------------------------
+def test_three_agreeing_rounds_do_not_make_a_tight_interval_alone():
+    # Rounds that agree to 0.1% but a pool that knows the machine drifts by ~10%.
+    lucky = [math.log(1.20), math.log(1.201), math.log(1.199)]
+    pooled = PooledNoise.of([lucky, [0.0, 0.2, -0.2], [0.1, -0.1, 0.0]])
+    estimate = speedup_from_log_ratios(lucky, pooled)
+    assert estimate.low < 1.03 < estimate.high  # the pooled spread wins over the lucky one
+    alone = speedup_from_log_ratios(lucky)
+    assert alone.relative_half_width < 0.01
+
+
+def test_paired_rounds_cancel_drift_that_hits_both_sides():
+    base = [[20.0 * d] * 10 for d in (1.0, 1.3, 0.8, 1.1)]   # the machine speeds up and slows
+    cand = [[10.0 * d] * 10 for d in (1.0, 1.3, 0.8, 1.1)]
+    estimate = paired_speedup(base, cand)
+    assert estimate.ratio == pytest.approx(2.0) and estimate.relative_half_width < 1e-9
+
+
+def test_one_round_has_no_known_bound():
+    estimate = speedup_from_log_ratios([math.log(1.5)])
+    assert not estimate.clears(1.0) and estimate.high == math.inf
+
+
+def test_interval_covers_the_truth_about_95_percent_of_the_time():
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(400):
+        ratios = [math.log(1.3) + rng.gauss(0, 0.07) for _ in range(4)]
+        estimate = speedup_from_log_ratios(ratios)
+        hits += estimate.low <= 1.3 <= estimate.high
+    assert 0.90 <= hits / 400 <= 0.99
+
+
+def test_estimate_round_trips_and_refuses_an_interval_without_its_estimate():
+    estimate = SpeedupEstimate(1.4, 1.3, 1.5, 5)
+    assert SpeedupEstimate.from_dict(estimate.to_dict()) == estimate
+    assert estimate.describe() == "1.40x [1.30-1.50]"
+    with pytest.raises(ValueError, match="must hold its estimate"):
+        SpeedupEstimate(1.4, 1.45, 1.5, 3)
+
+
+# -- the winner rule ------------------------------------------------------------------------
+def cand(number, policy, ratio, low, high, **config):
+    return Candidate(number, PrecisionConfig(policy, **config),
+                     SpeedupEstimate(ratio, low, high, 4))
+
+
+def test_gain_inside_the_noise_is_a_tie_that_float32_wins():
+    decision = decide(0, [cand(2, "mixed_bfloat16", 1.08, 1.01, 1.15)])
+    assert decision.winner == 0 and decision.tie
+    assert "no config beats float32 beyond noise" in decision.explanation
+
+
+def test_among_overlapping_gains_the_simplest_wins():
+    from tuner.config import Float32Placement
+
+    faster = cand(3, "mixed_bfloat16", 1.50, 1.40, 1.60,
+                  float32=Float32Placement(groups=("softmax",)))
+    simpler = cand(4, "mixed_bfloat16", 1.45, 1.38, 1.52)
+    decision = decide(0, [faster, simpler])
+    assert decision.winner == 4 and decision.tie and "tie within noise" in decision.explanation
+    clearly = cand(5, "mixed_float16", 2.0, 1.9, 2.1)
+    assert decide(0, [faster, simpler, clearly]).winner == 5
+
+
+def test_simplicity_order():
+    from tuner.config import Epsilon, Float32Placement
+
+    order = [PrecisionConfig(), PrecisionConfig(epsilon=Epsilon(1e-4)),
+             PrecisionConfig("mixed_bfloat16"),
+             PrecisionConfig("mixed_bfloat16", float32=Float32Placement(("softmax",))),
+             PrecisionConfig("mixed_float16"),
+             PrecisionConfig("mixed_float16", LossScale("dynamic"))]
+    assert sorted(order, key=complexity) == order
+
+
+# -- verdicts on tiny decreases ---------------------------------------------------------------
+def result(losses, **extra):
+    return TrialResult(number=1, outcome=TrialOutcome.COMPLETED, losses=list(losses),
+                       step_times_ms=[10.0] * len(losses), loss_scales=[None] * len(losses),
+                       warmup_steps=3, **extra)
+
+
+def noisy(start, slope, sigma, steps=20, seed=0):
+    rng = random.Random(seed)
+    return [start - slope * i + rng.gauss(0, sigma) for i in range(steps)]
+
+
+def test_when_float32_barely_learned_the_verdict_says_so_and_does_not_divide_tiny_numbers():
+    baseline = result(noisy(0.7, 0.00003, 0.01))
+    trial = result(noisy(0.7, 0.00002, 0.01, seed=1))
+    judgement = judge(trial, baseline, expected_steps=20, **RULES)
+    assert judgement.verdict is Verdict.STABLE, judgement
+    assert "float32 itself barely learned" in judgement.note
+    assert judgement.loss_decrease_ratio is None
+    worse = result([v + 0.2 for v in noisy(0.7, 0.00002, 0.01, seed=1)])
+    judgement = judge(worse, baseline, expected_steps=20, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE and "above float32's" in judgement.reason
+
+
+def test_a_shortfall_inside_the_noise_is_not_instability():
+    baseline = result(noisy(2.0, 0.01, 0.05))
+    close = result(noisy(2.0, 0.0085, 0.05))
+    assert judge(close, baseline, expected_steps=20, **RULES).stable
+    stalled = result(noisy(2.0, 0.001, 0.05, seed=3))
+    assert judge(stalled, baseline, expected_steps=20, **RULES).verdict is Verdict.UNSTABLE
+
+
+def test_the_averaging_window_is_never_one_step():
+    assert min(_window(n) for n in range(4, 60)) == 2
+
+
+# -- early stopping ---------------------------------------------------------------------------
+def early(times, limit, steps=30, warmup=5):
+    from tuner.worker.trial import _too_slow_reason
+
+    spec = TrialSpec(1, "t.py", {}, steps, warmup, stop_if_slower_than_ms=limit)
+    partial = TrialResult(1, TrialOutcome.COMPLETED, step_times_ms=list(times),
+                          warmup_steps=warmup)
+    return _too_slow_reason(partial, spec, len(times) - 1, times[-1])
+
+
+def test_warmup_steps_and_single_hiccups_never_stop_a_trial():
+    assert early([500.0, 100.0], limit=10.0) == ""                    # warm-up, even 50x over
+    assert early([500.0] + [9.0] * 8 + [200.0], limit=10.0) == ""     # one hiccup after it
+
+
+def test_hopeless_and_clearly_slow_trials_stop():
+    assert "all took over 3x" in early([500.0] * 5 + [40.0] * 3, limit=10.0)
+    slow = [500.0] * 5 + [13.0] * 12
+    assert "fastest quarter" in early(slow, limit=10.0)
+    assert early([500.0] * 5 + [10.5] * 12, limit=10.0) == ""  # a near-miss runs on
+
+
+# -- loss-scale floors ----------------------------------------------------------------------------
+def test_initial_scale_must_be_above_the_floor():
+    with pytest.raises(ConfigError, match="must start above its floor"):
+        PrecisionConfig("mixed_float16", LossScale("dynamic", initial_scale=1.0, floor=1.0))
+
+
+def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(tmp_path):
+    from tuner.space import load_space
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("loss_scale: {kinds: [dynamic], initial_scales: [1], floor: 1}\n")
+    with pytest.raises(SearchSpaceError, match="must be above the floor"):
+        load_space(str(bad))
+    auto = tmp_path / "auto.yaml"
+    auto.write_text("policies: [float32, mixed_float16]\n"
+                    "loss_scale: {kinds: [dynamic], initial_scales: [auto], floor: 1}\n")
+    space = load_space(str(auto)).with_diagnostics([], recommended_scale=1.0)
+    assert space.initial_scales == (2.0,)
+
+
+# -- the run plan -------------------------------------------------------------------------------
+def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
+    from tuner.plan import Flags, resolve
+
+    flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick")
+    plan = resolve(flags, None)
+    assert (plan.trials, plan.steps, plan.seed, plan.tolerance) == (6, 30, 0, 0.9)
+    with pytest.raises(AttributeError):
+        plan.trials = 3  # frozen
+    previous = {**plan.settings(), "trials": 4, "steps": 12, "status": "running"}
+    resumed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), previous)
+    assert (resumed.trials, resumed.steps, resumed.resume) == (4, 12, True)
+    with pytest.raises(UsageError, match="--steps 20 differs"):
+        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=20), previous)
+    with pytest.raises(UsageError, match="--steps must exceed"):
+        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=6), None)
+    with pytest.raises(UsageError, match="cannot be combined"):
+        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, trials=3,
+                      exhaustive=True), None)
+    assert resolve(Flags(task_path=Path("t.py"), run_dir=flags.run_dir, exhaustive=True),
+                   None).trials == plan.space.size()
