@@ -131,3 +131,54 @@ def test_auto_initial_scale_takes_the_diagnosed_recommendation(tmp_path):
     assert diagnosed.initial_scales == (2.0**20,)
     config = diagnosed.suggest(FirstChoice({"policy": "mixed_float16"}))
     assert config.loss_scale.initial_scale == 2.0**20
+
+
+# A model with a softmax output and a LayerNormalization, as the task check reports it.
+MATCHES = {"groups": {"normalization": ["norm"], "softmax": ["probs", "encoder/attend"],
+                      "attention": [], "embedding": []},
+           "layers": {},
+           "all_layers": ["dense", "norm", "encoder", "encoder/dense_1", "encoder/attend",
+                          "probs"]}
+
+
+def test_fitted_space_drops_groups_that_select_no_layer():
+    space = load_space("default")
+    fitted, notes = space.fitted(MATCHES)
+    assert fitted.float32_groups == ("normalization", "softmax")
+    assert notes == [f"float32 group {group!r} matches no layer of the model: dropped from the "
+                     "space" for group in ("attention", "embedding")]
+    assert fitted.size() < space.size()
+    assert not any("f32_attention" in params or "f32_embedding" in params
+                   for params in fitted.grid_params())
+    assert fitted.fitted(MATCHES)[1] == []  # fitting again changes nothing
+
+
+def test_fitted_space_refuses_a_pattern_that_selects_no_layer(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("float32:\n  layers: [encoder/dense_*, encoder/atend]\n")
+    space = load_space(path)
+    with pytest.raises(SearchSpaceError) as raised:
+        space.fitted(MATCHES)
+    message = str(raised.value)
+    assert "'encoder/atend' matches no layer" in message and "encoder/attend" in message
+    assert "\n" not in message and raised.value.exit_code == 2
+    # Reported matches win; without them the pattern is matched on paths and names here.
+    reported = {**MATCHES, "layers": {"encoder/dense_*": ["encoder/dense_1"],
+                                      "encoder/atend": []}}
+    with pytest.raises(SearchSpaceError, match="encoder/atend"):
+        space.fitted(reported)
+    path.write_text("float32:\n  layers: [encoder/dense_*, attend]\n")
+    assert load_space(path).fitted(MATCHES)[0].float32_layers == ("encoder/dense_*", "attend")
+
+
+def test_effective_placement_keeps_only_what_changes_something():
+    from tuner.config import Float32Placement, PrecisionConfig
+    from tuner.space import effective_placement
+
+    placement = Float32Placement(("softmax", "attention"),
+                                 ("probs", "encoder", "encoder/dense_1", "missing"))
+    mixed = PrecisionConfig("mixed_float16", float32=placement)
+    # attention and 'missing' select nothing; 'probs' is already placed by softmax;
+    # 'encoder/dense_1' is inside 'encoder', which places everything inside it.
+    assert effective_placement(mixed, MATCHES) == Float32Placement(("softmax",), ("encoder",))
+    assert effective_placement(PrecisionConfig(float32=placement), MATCHES) == Float32Placement()
