@@ -1,5 +1,7 @@
 """cfg.scope() and cfg.wrap_optimizer() on real Keras models of all three styles."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -148,3 +150,150 @@ def test_fixed_loss_scale_trains_a_model_with_sparse_gradients():
     losses = history.history["loss"]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert current_loss_scale(optimizer) == 1024.0
+
+
+# -- placement that reaches every layer ---------------------------------------------------------
+# The six kinds of softmax a `groups: [softmax]` config must reach, plus a weightless ReLU named
+# by a pattern; `before` and `after` must keep the 16-bit compute dtype.
+SOFTMAX_KINDS = ("softmax_layer", "activation", "relu", "attention_softmax", "tagger",
+                 "nested_softmax")
+SIXFOLD = Float32Placement(("softmax",), ("relu",))
+SHAPE = (6, 8)
+
+
+class SelfAttention(keras.layers.Layer):
+    """MultiHeadAttention as a Sequential-friendly layer (dropout: its explicit softmax runs)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mha = keras.layers.MultiHeadAttention(2, 4, dropout=0.1, name="mha")
+
+    def call(self, x, training=False):
+        return self.mha(x, x, training=training)
+
+
+def _six_layers():
+    nested_input = keras.Input(SHAPE)
+    nested_output = keras.layers.Softmax(name="nested_softmax")(
+        keras.layers.Dense(8, name="nested_dense")(nested_input))
+    return [keras.layers.Dense(8, name="before"),
+            keras.layers.ReLU(name="relu"),
+            keras.layers.Softmax(name="softmax_layer"),
+            keras.layers.Activation("softmax", name="activation"),
+            SelfAttention(name="self_attention"),
+            keras.layers.TimeDistributed(keras.layers.Dense(8, activation="softmax",
+                                                            name="tagger"), name="per_step"),
+            keras.Model(nested_input, nested_output, name="nested"),
+            keras.layers.Dense(4, name="after")]
+
+
+def six_sequential():
+    return keras.Sequential([keras.Input(SHAPE)] + _six_layers())
+
+
+def six_functional():
+    x = inputs = keras.Input(SHAPE)
+    for layer in _six_layers():
+        x = layer(x)
+    return keras.Model(inputs, x)
+
+
+class SixSubclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.chain = _six_layers()
+
+    def call(self, x, training=False):
+        for layer in self.chain:
+            x = layer(x, training=training) if isinstance(layer, SelfAttention) else layer(x)
+        return x
+
+
+def _by_name(model):
+    from tuner.keras_apply import layer_paths
+
+    return {layer.name: layer for layer, _ in layer_paths(model)}
+
+
+def _outputs_by_name(model, x):
+    """Each layer's output in one eager training-mode call (MHA's softmax included)."""
+    from tuner.keras_apply import hook_layer_calls
+
+    outputs = {}
+    with hook_layer_calls(after=lambda layer, output: outputs.setdefault(layer.name, output)):
+        model(x, training=True)
+    return outputs
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "float16", "mixed_bfloat16", "bfloat16"])
+@pytest.mark.parametrize("build", [six_sequential, six_functional, SixSubclassed])
+def test_every_kind_of_softmax_computes_in_float32(build, policy):
+    cfg = PrecisionConfig(policy, float32=SIXFOLD)
+    with cfg.scope() as placement:
+        model = build()
+    x = np.random.default_rng(0).normal(size=(2,) + SHAPE).astype("float32")
+    outputs = _outputs_by_name(model, x)  # builds a subclassed model, after the scope
+    layers = _by_name(model)
+    layers["attention_softmax"] = layers["mha"]._softmax
+    outputs["attention_softmax"] = outputs["softmax"]  # MHA names its softmax "softmax"
+    outputs["tagger"] = outputs["per_step"]  # TimeDistributed runs the tagger's call itself
+    for name in SOFTMAX_KINDS:
+        assert layers[name].dtype_policy.compute_dtype == "float32", name
+        assert outputs[name].dtype == "float32", name
+    sixteen = cfg.compute_dtype
+    for name in ("before", "after", "nested_dense", "mha"):
+        assert layers[name].dtype_policy.compute_dtype == sixteen, name
+    # The layer after a float32 one gets its inputs cast back to 16 bits.
+    assert outputs["after"].dtype == sixteen and outputs["nested_dense"].dtype == sixteen
+    # A float32 layer with weights made them in float32, also under pure 16-bit policies.
+    assert layers["tagger"].kernel.dtype == "float32"
+    assert layers["before"].kernel.dtype == ("float32" if policy.startswith("mixed") else sixteen)
+    report = placement.report()
+    assert sorted(path.rpartition("/")[2] for path in report["groups"]["softmax"]) == \
+        sorted(["softmax_layer", "activation", "softmax", "tagger", "nested_softmax"])
+    assert [path.rpartition("/")[2] for path in report["layers"]["relu"]] == ["relu"]
+
+
+def test_placing_a_layer_places_what_is_inside_it():
+    cfg = PrecisionConfig("mixed_float16", float32=Float32Placement(layers=("encoder", "lstm")))
+    with cfg.scope():
+        inner_input = keras.Input((5, 4))
+        encoder = keras.Model(inner_input, keras.layers.Dense(4, name="inner")(inner_input),
+                              name="encoder")
+        inputs = keras.Input((5, 4))
+        recurrent = keras.layers.LSTM(3, name="lstm")
+        model = keras.Model(inputs, recurrent(encoder(inputs)))
+    assert encoder.get_layer("inner").compute_dtype == "float32"
+    assert recurrent.cell.compute_dtype == "float32"  # the LSTM runs its cell under its policy
+    assert model.output.dtype == "float32"
+
+
+def test_a_pattern_that_matches_nothing_warns_once_the_model_is_built():
+    cfg = PrecisionConfig("mixed_float16", float32=Float32Placement(layers=("probz", "keep_me")))
+    with pytest.warns(UserWarning, match="'probz' matches no layer.*Closest layer names: probs"):
+        with cfg.scope():
+            functional()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cfg.scope():  # a subclassed model has its layer paths only once it is called
+            model = Subclassed()
+    with pytest.warns(UserWarning, match="'probz' matches no layer") as caught:
+        model(np.ones((2, 8), "float32"))
+    assert len(caught) == 1
+
+
+def test_float32_matches_reports_groups_patterns_and_paths():
+    from tuner.keras_apply import float32_matches
+
+    model = SixSubclassed()
+    model(np.ones((1,) + SHAPE, "float32"))
+    found = float32_matches(model, ("softmax", "attention", "embedding"), ("*relu", "nope"))
+    name = model.name
+    assert found["groups"]["softmax"] == [
+        f"{name}/softmax_layer", f"{name}/activation", f"{name}/self_attention/mha/softmax",
+        f"{name}/per_step/tagger", "nested_softmax"]
+    # A custom layer named after attention belongs to the group, like the layer it wraps.
+    assert found["groups"]["attention"] == [f"{name}/self_attention", f"{name}/self_attention/mha"]
+    assert found["groups"]["embedding"] == [] and found["layers"]["nope"] == []
+    assert found["layers"]["*relu"] == [f"{name}/relu"]
+    assert f"{name}/self_attention/mha/query" in found["all_layers"]
