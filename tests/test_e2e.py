@@ -88,6 +88,43 @@ def test_optuna_study_holds_the_trials_with_constraints(tuned):
     assert study.best_trial.constraints["unstable"] <= 0
 
 
+def test_optuna_study_shows_each_training_once(tuned):
+    """Repeated suggestions are told as pruned with repeat_of: the rest is what ran."""
+    import optuna
+
+    run_dir, _, _ = tuned
+    storage = f"sqlite:///{run_dir / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    trained = json.loads((run_dir / "trials.json").read_text())
+    originals = [t for t in study.trials if "repeat_of" not in t.user_attrs]
+    assert sorted(t.user_attrs["trial"] for t in originals) == \
+        sorted(t["number"] for t in trained if not t["repair"])
+    for repeat in (t for t in study.trials if "repeat_of" in t.user_attrs):
+        assert repeat.state == optuna.trial.TrialState.PRUNED
+
+
+def test_speedup_travels_with_its_interval(tuned):
+    from mlflow import MlflowClient
+
+    from tuner import PrecisionConfig
+
+    run_dir, out, stdout = tuned
+    provenance = PrecisionConfig.load(out).provenance
+    low, high = provenance["speedup_interval"]
+    assert low <= provenance["speedup_vs_float32"] <= high
+    assert provenance["remeasure_rounds"] >= 1 or provenance["speedup_vs_float32"] == 1.0
+    assert "re-measurement: re-measured float32 and" in stdout \
+        or "nothing to re-measure" in stdout
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("precision-tuner/tiny_mlp")
+    (parent,) = [r for r in client.search_runs([experiment.experiment_id])
+                 if r.data.tags.get("precision_tuner.kind") == "tuning_job"]
+    metrics = parent.data.metrics
+    assert metrics["best_speedup_low"] <= metrics["best_speedup_vs_float32"] \
+        <= metrics["best_speedup_high"]
+
+
 def test_export_writes_yaml(tuned, tmp_path):
     run_dir, _, _ = tuned
     out = tmp_path / "exported.yaml"

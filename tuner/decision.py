@@ -75,9 +75,9 @@ def _float32_wins(baseline: int, candidates: Sequence[Candidate], bar: float,
     best = max(candidates, key=lambda c: c.estimate.ratio)
     if best.estimate.high < 1.0:
         return Decision(baseline, identity, False,
-                        f"every finalist is slower than float32 (best: #{best.number} "
-                        f"{best.estimate.describe()})")
+                        f"every finalist is slower than float32 (best: #{best.number} at "
+                        f"{best.estimate.describe()} vs float32)")
     return Decision(baseline, identity, True,
                     f"tie within noise: no config beats float32 beyond noise (best: "
-                    f"#{best.number} {best.estimate.describe()}, needs its lower end above "
-                    f"{bar:.2f}x)")
+                    f"#{best.number} at {best.estimate.describe()} vs float32; a pick needs the "
+                    f"interval's lower end above {bar:.2f}x)")
