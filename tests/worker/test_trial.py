@@ -1,6 +1,7 @@
 """Real trials in this process: recording, failure classes, the underflow case."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,68 @@ def test_probe_describes_the_task_and_refuses_bad_ones(task_path):
         probe_task(task_path("bad_data"), 10)
     with pytest.raises(TaskError, match="build_model\\(\\) in broken_build.py raised"):
         probe_task(task_path("broken_build"), 10)
+
+
+# -- trials run what fit runs ---------------------------------------------------------------------
+ZOO = Path(__file__).parent.parent / "zoo"
+
+
+def test_batches_keep_the_structure_of_the_data(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+
+    from tuner.worker.task_loader import Task, fixed_batches
+
+    x, y = np.ones((64, 3), "float32"), np.zeros(64, "int32")
+    weights = np.ones(64, "float32")
+    datasets = {"pair": lambda: (x, y), "triple": lambda: (x, y, weights),
+                "no_weights": lambda: (x, y, None),
+                "dataset_pair": lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(16),
+                "dataset_triple": lambda: tf.data.Dataset.from_tensor_slices(
+                    (x, y, weights)).batch(16)}
+    lengths = {}
+    for name, data in datasets.items():
+        task = Task(tmp_path / f"{name}.py", None, None, data, "mse", None, 16, None)
+        batches = fixed_batches(task, 3)
+        lengths[name] = {len(batch) for batch in batches}
+    assert lengths == {"pair": {2}, "triple": {3}, "no_weights": {2}, "dataset_pair": {2},
+                       "dataset_triple": {3}}
+
+
+def test_a_guide_style_train_step_gets_what_fit_gives_it():
+    # `x, y = data` fails on the (x, y, sample_weight) that train_on_batch hands over.
+    for name in ("guide_train_step", "sample_weights"):
+        result = trial(str(ZOO / f"{name}.py"), PrecisionConfig(), steps=4)
+        assert result.outcome is TrialOutcome.COMPLETED, (name, result.failure_message)
+
+
+def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
+    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.trial import reset_keras_state
+
+    result = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=6)
+    reset_keras_state(0)  # replay: train_on_batch resets the metrics before every step
+    task = load_task(task_path("tiny_mlp"))
+    model = task.build_model()
+    model.compile(optimizer=task.optimizer(), loss=task.loss)
+    replayed = [float(model.train_on_batch(*batch)) for batch in fixed_batches(task, 6)]
+    assert result.losses == pytest.approx(replayed, rel=1e-6)
+
+
+def test_divergence_is_located_by_replaying_the_same_steps(task_path):
+    result = trial(task_path("overflow"), PrecisionConfig("mixed_float16"), steps=6)
+    assert result.outcome is TrialOutcome.DIVERGED and result.first_non_finite_step is not None
+    assert result.failure_layer == "amplify"
+
+
+def test_probe_reports_what_each_group_and_pattern_selects(task_path):
+    info = probe_task(task_path("subclassed"), 4, patterns=("classifier/dense*", "nothing"))
+    matches = info["float32_matches"]
+    assert info["parameters"] == 16 * 32 + 32 + 4 * 32 + 32 * 3 + 3  # built by a first call
+    assert set(matches["groups"]) == {"normalization", "softmax", "attention", "embedding"}
+    assert matches["groups"]["normalization"] == ["classifier/batch_normalization"]
+    assert matches["groups"]["softmax"] == ["classifier/dense_1"]
+    assert matches["groups"]["attention"] == [] == matches["layers"]["nothing"]
+    assert matches["layers"]["classifier/dense*"] == ["classifier/dense", "classifier/dense_1"]
+    assert matches["all_layers"] == ["classifier/dense", "classifier/batch_normalization",
+                                     "classifier/dense_1"]
