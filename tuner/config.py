@@ -295,7 +295,12 @@ class PrecisionConfig:
 
     # -- applying it (TensorFlow side) -----------------------------------------------------
     def scope(self):
-        """Context manager: global policy/floatx/epsilon set, matched layers in float32."""
+        """Context manager: global policy/floatx/epsilon set, selected layers in float32.
+
+        ``with cfg.scope() as placement:`` -- ``placement.report()`` then gives, as plain data,
+        the layers each float32 group and pattern selected; a pattern that selects no layer
+        warns once the model is built.
+        """
         from tuner.keras_apply import precision_scope
 
         return precision_scope(self)

@@ -161,6 +161,12 @@ def float32_matches(model: keras.layers.Layer, groups: Sequence[str],
     return found
 
 
+def call_path(layer: keras.layers.Layer) -> str:
+    """The layer's path as ``float32_matches`` names it, from inside or around its call:
+    Keras's ``layer.path`` where it has one, else the current name scope plus its name."""
+    return _prospective_path(layer) or layer.name
+
+
 def _prospective_path(layer: keras.layers.Layer) -> str | None:
     """The path Keras gives ``layer`` when it builds or calls it here: its build wrapper opens
     the layer's name scope under the current one (or under the parent path it already has)."""

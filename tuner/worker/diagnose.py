@@ -90,7 +90,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     import keras
     import tensorflow as tf
 
-    from tuner.keras_apply import hook_layer_calls
+    from tuner.keras_apply import call_path, hook_layer_calls
     from tuner.worker.task_loader import fixed_batches, load_task
     from tuner.worker.trial import reset_keras_state
 
@@ -110,7 +110,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
             for tensor in tf.nest.flatten(output):
                 if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
                         and tensor.dtype.is_floating:
-                    captured.append((layer.path or layer.name, layer, tensor))
+                    captured.append((call_path(layer), layer, tensor))
 
     for step in range(steps):
         batch = batches[step % len(batches)]

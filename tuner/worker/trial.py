@@ -221,7 +221,7 @@ def first_non_finite_layer(model, x) -> str | None:
     import numpy as np
     import tensorflow as tf
 
-    from tuner.keras_apply import hook_layer_calls
+    from tuner.keras_apply import call_path, hook_layer_calls
 
     found: list[str] = []
 
@@ -231,7 +231,7 @@ def first_non_finite_layer(model, x) -> str | None:
         for tensor in tf.nest.flatten(output):
             if getattr(tensor, "dtype", None) is not None and tensor.dtype.is_floating \
                     and not np.all(np.isfinite(keras.ops.convert_to_numpy(tensor))):
-                found.append(layer.path or layer.name)
+                found.append(call_path(layer))
                 return
 
     with hook_layer_calls(after=check):
