@@ -182,3 +182,15 @@ def test_effective_placement_keeps_only_what_changes_something():
     # 'encoder/dense_1' is inside 'encoder', which places everything inside it.
     assert effective_placement(mixed, MATCHES) == Float32Placement(("softmax",), ("encoder",))
     assert effective_placement(PrecisionConfig(float32=placement), MATCHES) == Float32Placement()
+
+
+def test_placed_layers_names_what_each_placement_selects():
+    from tuner.config import Float32Placement, PrecisionConfig
+    from tuner.space import placed_layers
+
+    placement = Float32Placement(("softmax", "embedding"), ("encoder/*",))
+    assert placed_layers(PrecisionConfig("mixed_bfloat16", float32=placement), MATCHES) == {
+        "groups": {"softmax": ["probs", "encoder/attend"], "embedding": []},
+        "layers": {"encoder/*": ["encoder/dense_1", "encoder/attend"]}}
+    assert placed_layers(PrecisionConfig(float32=placement), MATCHES) == {"groups": {},
+                                                                          "layers": {}}

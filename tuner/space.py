@@ -297,6 +297,17 @@ def effective_placement(config: PrecisionConfig, matches: Mapping[str, Any]) -> 
     return Float32Placement(groups, tuple(patterns))
 
 
+def placed_layers(config: PrecisionConfig, matches: Mapping[str, Any]) -> dict[str, Any]:
+    """Per group and pattern of ``config.float32``, the model's layers it selects (plain data
+    for a trial's summary line and MLflow): ``{"groups": {group: [path, ...]}, "layers":
+    {pattern: [path, ...]}}``; empty under the float32 policy, where placement does nothing."""
+    if config.policy == "float32":
+        return {"groups": {}, "layers": {}}
+    return {"groups": {group: _group_paths(matches, group) for group in config.float32.groups},
+            "layers": {pattern: _pattern_paths(matches, pattern)
+                       for pattern in config.float32.layers}}
+
+
 def _group_paths(matches: Mapping[str, Any], group: str) -> list[str]:
     return list(matches.get("groups", {}).get(group) or [])
 
