@@ -277,8 +277,9 @@ class Float32Placer:
         selectors = self._selectors(layer, path)
         for key in selectors:
             known = self._matches.setdefault(key, {}).get(id(layer))
-            best = path or (known[1] if known else layer.name)
-            self._matches[key][id(layer)] = (weakref.ref(layer), best)
+            known_path = known[1] if known and known[0]() is layer else None
+            self._matches[key][id(layer)] = (weakref.ref(layer),
+                                             path or known_path or layer.name)
         if selectors or self._inside_placed() or self._wraps_selected(layer):
             self._place_subtree(layer)
 
