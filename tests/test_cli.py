@@ -71,3 +71,15 @@ def test_help_lists_commands_and_is_fast():
     for command in ("tune", "export", "ui", "spaces"):
         assert command in completed.stdout
     assert "tensorflow" not in cli("spaces").stderr.lower()
+
+
+@pytest.mark.slow
+def test_float32_pattern_that_matches_no_layer_is_refused_with_the_closest_names(tmp_path):
+    space = tmp_path / "typo.yaml"
+    space.write_text("policies: [float32, mixed_bfloat16]\nfloat32: {layers: [dense_9*]}\n")
+    completed = cli("tune", TINY, "--space", str(space), "--executor", "local",
+                    "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "best.json"))
+    assert completed.returncode == 2, completed.stderr
+    last = completed.stderr.strip().splitlines()[-1]
+    assert "'dense_9*'" in last and "dense" in last.split("'dense_9*'", 1)[1]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "best.json").exists()

@@ -227,9 +227,12 @@ def _tune(args) -> int:
                   f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
     with _executor(args, console) as executor:
         console.print("starting the TensorFlow worker and checking the task...")
-        task_info = executor.probe(str(task_path), plan.steps)
+        task_info = executor.probe(str(task_path), plan.steps, plan.space.float32_layers)
         console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                       f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+        plan, notes = plan.fitted_to(task_info["float32_matches"])
+        for note in notes:
+            console.print(f"space: {note}", markup=False)
         diagnostics = executor.diagnose(str(task_path), 3)
         from tuner.diagnostics_report import conclusions
 

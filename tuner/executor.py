@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
-from typing import ContextManager, Iterator, Protocol
+from typing import ContextManager, Iterator, Protocol, Sequence
 
 from tuner.errors import TrialInfrastructureError, TunerError, first_line
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
@@ -41,7 +41,8 @@ class Executor(Protocol):
 
     @property
     def slots(self) -> int: ...
-    def probe(self, task_path: str, steps: int, timeout_s: float = ...) -> dict: ...
+    def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
+              timeout_s: float = ...) -> dict: ...
     def diagnose(self, task_path: str, steps: int = ..., timeout_s: float = ...) -> dict: ...
     def in_flight(self) -> int: ...
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None: ...
@@ -81,10 +82,10 @@ def _run_trial(spec_dict: dict) -> dict:
     return run_trial(spec_dict)
 
 
-def _probe(task_path: str, steps: int) -> dict:
+def _probe(task_path: str, steps: int, patterns: list[str]) -> dict:
     from tuner.worker.trial import probe_task
 
-    return probe_task(task_path, steps)
+    return probe_task(task_path, steps, patterns)
 
 
 def _diagnose(task_path: str, steps: int) -> dict:
@@ -132,9 +133,12 @@ class LocalProcessExecutor:
         except Exception as exc:  # noqa: BLE001 - the same as on Ray: not the user's input
             raise TrialInfrastructureError(f"{what} failed: {first_line(exc)}") from None
 
-    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
-        """Run the task-file checks that need TensorFlow; raises TaskError on a bad task."""
-        return self._call("checking the task", _probe, task_path, steps, timeout_s=timeout_s)
+    def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
+              timeout_s: float = 600.0) -> dict:
+        """Run the task-file checks that need TensorFlow; raises TaskError on a bad task.
+        Also reports which layers each float32 group and each of ``patterns`` selects."""
+        return self._call("checking the task", _probe, task_path, steps, list(patterns),
+                          timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""

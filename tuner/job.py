@@ -9,6 +9,7 @@ the MLflow parent run. Only this process writes the Optuna storage and MLflow.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import platform
@@ -23,6 +24,7 @@ from tuner.remeasure import Remeasured, remeasure
 from tuner.results import Progress, TrialRow, TuneSummary, row_record
 from tuner.run_store import RunStore, write_atomic
 from tuner.scheduler import Scheduler
+from tuner.space import effective_placement, placed_layers
 
 
 def machine_description() -> str:
@@ -63,20 +65,24 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
 class _Records:
     """Each trial in MLflow (a child run, opened when it starts) and in trials.jsonl."""
 
-    def __init__(self, tracker, store: RunStore) -> None:
+    def __init__(self, tracker, store: RunStore, matches: dict[str, Any] | None) -> None:
         self.tracker = tracker
+        self.matches = matches
         self.store = store
         self.open_runs: dict[int, str] = {}
         self.baseline_ms: float | None = None   # float32's search-phase median
 
     def trial_started(self, number: int, config: PrecisionConfig, optuna_number: int | None,
                       repair: bool) -> None:
+        placed = placed_layers(config, self.matches) if self.matches is not None else None
         self.open_runs[number] = self.tracker.start_trial(
             number=number, config=config, optuna_number=optuna_number,
-            purpose="repair" if repair else "search")
+            purpose="repair" if repair else "search", placed=placed)
 
     def trial_finished(self, row: TrialRow) -> None:
         row.run_id = self.open_runs.pop(row.number)
+        if self.matches is not None:
+            row.placed = placed_layers(row.config, self.matches)
         baseline_ms = row.judgement.median_step_ms if row.number == 0 else self.baseline_ms
         self.tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                judgement=row.judgement, baseline_ms=baseline_ms)
@@ -130,11 +136,11 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
     tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
-    records = _Records(tracker, store)
+    records = _Records(tracker, store, plan.matches)
 
     def scheduler_factory(study, requeued) -> Scheduler:
         proposer = Proposer(plan.space, study, enumerate_space=plan.enumerates_space,
-                            requeued=requeued)
+                            requeued=requeued, matches=plan.matches)
         return Scheduler(plan, executor, proposer, records, progress)
 
     _, scheduler = _open(plan, tracker, store, scheduler_factory)
@@ -166,8 +172,11 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
 def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted: bool,
              started: float, tracker, task_info: dict[str, Any]) -> TuneSummary:
     best = outcome.winner
+    config = best.config
+    if plan.matches is not None:  # export only the placements that change something
+        config = dataclasses.replace(config, float32=effective_placement(config, plan.matches))
     best_config = PrecisionConfig.from_dict(
-        {**best.config.to_dict(), "provenance": provenance(best, outcome, plan, task_info)})
+        {**config.to_dict(), "provenance": provenance(best, outcome, plan, task_info)})
     return TuneSummary(
         rows=sorted(scheduler.rows, key=lambda r: r.number), best=best,
         baseline=scheduler.baseline, estimate=outcome.decision.estimate,

@@ -66,6 +66,9 @@ class RunPlan:
     slow_factor: float = 1.5            # early-stop limit: this much slower than the best
     min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
     remeasurement: Remeasurement = Remeasurement()
+    # Which layers each float32 group and pattern selects in the model (from the task check);
+    # None until the plan is fitted to the model.
+    matches: dict[str, Any] | None = None
 
     @property
     def warmup_steps(self) -> int:
@@ -82,6 +85,14 @@ class RunPlan:
         return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain}
+
+    def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
+        """The plan over the space fitted to the model: float32 groups that select no layer
+        dropped (one line each, returned); a pattern that selects none is refused
+        (SearchSpaceError, exit 2)."""
+        space, notes = self.space.fitted(matches)
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(self, space=space, trials=trials, matches=matches), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""

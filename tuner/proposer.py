@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.config import Float32Placement, PrecisionConfig
-from tuner.space import SearchSpace
+from tuner.space import SearchSpace, effective_placement
 from tuner.trial_types import FailureClass
 from tuner.verdict import Verdict
 
@@ -30,8 +30,12 @@ UNSTABLE = 1.0  # Optuna constraint value of an unstable trial (feasible is <= 0
 _MAX_REPEATED_ASKS = 50  # a sampler that only repeats itself has nothing new to offer
 
 
-def config_key(config: PrecisionConfig) -> str:
-    """Identity of a config for "already tried": everything but its provenance."""
+def config_key(config: PrecisionConfig, matches: dict[str, Any] | None = None) -> str:
+    """Identity of a config for "already tried": everything but its provenance, and — once the
+    model's layers are known (``matches``) — only the float32 placements that change something,
+    so that configs differing by a no-op placement count as one."""
+    if matches is not None:
+        config = dataclasses.replace(config, float32=effective_placement(config, matches))
     data = config.to_dict()
     data.pop("provenance", None)
     return json.dumps(data, sort_keys=True)
@@ -50,8 +54,10 @@ class Proposal:
 
 class Proposer:
     def __init__(self, space: SearchSpace, study, *, enumerate_space: bool,
-                 requeued: Iterable[dict[str, Any]] = ()) -> None:
+                 requeued: Iterable[dict[str, Any]] = (),
+                 matches: dict[str, Any] | None = None) -> None:
         self.space = space
+        self.matches = matches
         self.study = study
         self.enumerate_space = enumerate_space
         self._requeued = list(requeued)
@@ -62,6 +68,9 @@ class Proposer:
         self._repeats: dict[str, list] = {}         # key -> Optuna trials waiting on it
         self._repeated_asks = 0
         self.gave_up = False                        # the sampler only repeated itself
+
+    def key(self, config: PrecisionConfig) -> str:
+        return config_key(config, self.matches)
 
     # -- what has run ------------------------------------------------------------------------
     def restore(self, key: str, number: int, from_space: bool = True) -> None:
@@ -78,7 +87,7 @@ class Proposer:
         seen = set(self._number_of)
         todo = []
         for params in queue:
-            key = config_key(self.space.config_from_params(params))
+            key = self.key(self.space.config_from_params(params))
             if key not in seen:
                 seen.add(key)
                 todo.append(params)
@@ -101,7 +110,7 @@ class Proposer:
             self._queue = self._fixed_queue()
         while self._repairs:
             config = self._repairs.pop(0)
-            key = config_key(config)
+            key = self.key(config)
             if key not in self._number_of and key not in pending:
                 return Proposal(config, key)
         while not self.exhausted:
@@ -109,7 +118,7 @@ class Proposer:
                 self.study.enqueue_trial(self._queue.pop(0))
             trial = self.study.ask()
             config = self.space.suggest(trial)
-            key = config_key(config)
+            key = self.key(config)
             if key in self._number_of or key in pending:
                 self._repeat(trial, key)
                 continue
@@ -141,7 +150,7 @@ class Proposer:
         for trial in self._repeats.pop(proposal.key, []):
             self._tell_repeat(trial, row.number)
         repair = repair_for(row)
-        if repair is not None and config_key(repair) not in self._number_of:
+        if repair is not None and self.key(repair) not in self._number_of:
             self._repairs.append(repair)
 
     def fail(self, proposal: Proposal) -> None:

@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
@@ -69,11 +69,12 @@ def _trial_actor_class():
 
             return diagnose_task(task_file_here(task_path, task_source), steps)
 
-        def probe(self, task_path: str, task_source: str, steps: int) -> dict:
+        def probe(self, task_path: str, task_source: str, steps: int,
+                  patterns: list[str]) -> dict:
             from tuner.worker.task_loader import task_file_here
             from tuner.worker.trial import probe_task
 
-            return probe_task(task_file_here(task_path, task_source), steps)
+            return probe_task(task_file_here(task_path, task_source), steps, patterns)
 
     return TrialActor
 
@@ -189,9 +190,10 @@ class RayExecutor:
             raise TrialInfrastructureError(f"the worker crashed during {what}: "
                                            f"{first_line(exc)}") from None
 
-    def probe(self, task_path: str, steps: int, timeout_s: float = 600.0) -> dict:
+    def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
+              timeout_s: float = 600.0) -> dict:
         return self._call("checking the task", "probe", task_path, self._source(task_path),
-                          steps, timeout_s=timeout_s)
+                          steps, list(patterns), timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         return self._call("diagnostics", "diagnose", task_path, self._source(task_path), steps,

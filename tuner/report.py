@@ -55,6 +55,11 @@ def headline(summary: "TuneSummary") -> list[str]:
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
         lines.append(f"decision: {summary.decision}")
+        if summary.best.placed and summary.best_config and \
+                (summary.best_config.float32.groups or summary.best_config.float32.layers):
+            from tuner.tracking import placement_text
+
+            lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
     notes = {r.judgement.note for r in summary.rows if r.judgement.note}
     lines += [f"note: {note}" for note in sorted(notes)]

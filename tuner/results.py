@@ -27,6 +27,7 @@ class TrialRow:
     repair: bool = False                      # a dtype-mismatch repair, outside the space
     remeasured_rounds: list[list[float]] = field(default_factory=list)  # timed steps per round
     estimate: SpeedupEstimate | None = None   # re-measured speedup vs float32, with interval
+    placed: dict[str, Any] | None = None      # layers each float32 group/pattern selected
 
     @property
     def remeasured_ms(self) -> float | None:
@@ -90,4 +91,5 @@ def row_record(row: TrialRow) -> dict[str, Any]:
             "median_step_ms": row.judgement.median_step_ms,
             "remeasured_ms": row.remeasured_ms,
             "speedup_interval": row.estimate.to_dict() if row.estimate else None,
-            "run_id": row.run_id, "optuna_number": row.optuna_number, "repair": row.repair}
+            "run_id": row.run_id, "optuna_number": row.optuna_number, "repair": row.repair,
+            "float32_layers": row.placed}

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from tuner.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.plan import RunPlan
-from tuner.proposer import Proposal, Proposer, config_key
+from tuner.proposer import Proposal, Proposer
 from tuner.results import NoProgress, Progress, TrialRow
 from tuner.trial_types import TrialResult, TrialSpec
 from tuner.verdict import Judgement, judge
@@ -103,7 +103,7 @@ class Scheduler:
                            record.get("run_id"), record.get("optuna_number"),
                            bool(record.get("repair")))
             self.rows.append(row)
-            self.proposer.restore(config_key(config), row.number,
+            self.proposer.restore(self.proposer.key(config), row.number,
                                   from_space=not row.repair)
             self._budget_used += not (self.plan.exhaustive and row.repair)
         if self.rows and (self.rows[0].number != 0 or self.rows[0].config.policy != "float32"):

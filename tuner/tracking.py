@@ -75,6 +75,13 @@ def config_params(config: PrecisionConfig) -> dict[str, str]:
     return flat
 
 
+def placement_text(placed: dict[str, Any]) -> str:
+    """``softmax: dense_2, attn/softmax; block_*: block_1`` (or ``-`` when nothing is placed)."""
+    parts = [f"{name}: {', '.join(paths) or 'no layer'}"
+             for kind in ("groups", "layers") for name, paths in placed.get(kind, {}).items()]
+    return "; ".join(parts) or "-"
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
         from mlflow import MlflowClient
@@ -146,7 +153,8 @@ class Tracker:
 
     # -- children --------------------------------------------------------------------------
     def start_trial(self, *, number: int, config: PrecisionConfig,
-                    optuna_number: int | None = None, purpose: str = "search") -> str:
+                    optuna_number: int | None = None, purpose: str = "search",
+                    placed: dict[str, Any] | None = None) -> str:
         """Open a trial's run when it starts, so the UI shows what is running."""
         assert self.parent_id is not None
         tags = {"mlflow.parentRunId": self.parent_id,
@@ -155,6 +163,8 @@ class Tracker:
                 "purpose": purpose,
                 "optuna_trial": "-" if optuna_number is None else str(optuna_number),
                 "verdict": "running"}
+        if placed is not None:  # which layers each float32 group and pattern selected
+            tags["float32_layers"] = placement_text(placed)[:5000]
         run = self.client.create_run(self.experiment_id, tags=tags,
                                      run_name=f"#{number} {config.describe()}")
         self._log_params(run.info.run_id, config_params(config))
