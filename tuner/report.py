@@ -29,7 +29,7 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
                      _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"), speedup,
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
-                     row.judgement.reason or row.judgement.note or ""])
+                     row.judgement.reason or ""])
     return rows
 
 
