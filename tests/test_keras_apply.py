@@ -8,7 +8,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from tuner.config import Epsilon, Float32Placement, LossScale, PrecisionConfig  # noqa: E402
-from tuner.keras_apply import FlooredLossScaleOptimizer, current_loss_scale  # noqa: E402
+from tuner.loss_scaling import FlooredLossScaleOptimizer, current_loss_scale  # noqa: E402
 
 CFG = PrecisionConfig("mixed_float16", LossScale("dynamic"), Epsilon(1e-4, 1e-3),
                       Float32Placement(("normalization", "softmax"), ("keep_me",)))

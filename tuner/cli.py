@@ -69,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_tune(commands)
+    _add_other_commands(commands)
+    return parser
 
+
+def _add_tune(commands) -> None:
     tune = commands.add_parser("tune", help="tune a task file (the main job)",
                                description="Run trial trainings of TASK.py and write the fastest "
                                            "stable precision config.")
@@ -118,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "interval beats float32 by this much; otherwise float32 (a tie goes "
                            "to the simpler config) [default: %(default)s, i.e. 3%%]")
 
+
+def _add_other_commands(commands) -> None:
     export = commands.add_parser("export", help="write the best config of a finished run",
                                  description="Write the best config of a run directory.")
     export.add_argument("--run-dir", type=Path, required=True)
@@ -145,7 +152,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "riskiest")
 
     commands.add_parser("spaces", help="list the built-in search spaces")
-    return parser
 
 
 def _version() -> str:
@@ -161,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return {"tune": _tune, "export": _export, "ui": _ui, "spaces": _spaces,
-                "diagnose": _diagnose}[args.command](args)
+        if args.command == "tune":
+            return _tune(args)
+        from tuner import commands
+
+        return getattr(commands, args.command)(args)
     except UsageError as exc:
         print(f"precision-tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -195,6 +204,7 @@ def _tune(args) -> int:
 
     from tuner.executor import LocalProcessExecutor
     from tuner.plan import resolve
+    from tuner.progress import LiveProgress
     from tuner.report import print_summary
     from tuner.run_store import RunStore
     from tuner.task_file import check_task_file
@@ -226,19 +236,7 @@ def _tune(args) -> int:
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
     with _executor(args, console) as executor:
-        console.print("starting the TensorFlow worker and checking the task...")
-        task_info = executor.probe(str(task_path), plan.steps, plan.space.float32_layers)
-        console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
-                      f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
-        plan, notes = plan.fitted_to(task_info["float32_matches"])
-        for note in notes:
-            console.print(f"space: {note}", markup=False)
-        diagnostics = executor.diagnose(str(task_path), 3)
-        from tuner.diagnostics_report import conclusions
-
-        for line in conclusions(diagnostics):
-            console.print(f"diagnostics: {line}", markup=False)
-        plan = plan.with_diagnostics(diagnostics)
+        plan, task_info, diagnostics = _fit_to_model(executor, plan, console)
         if plan.exhaustive:
             console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
         done = len(store.read_trials())
@@ -246,7 +244,7 @@ def _tune(args) -> int:
             console.print(f"resuming {run_dir}: {done} of {plan.trials} trials already finished")
         from tuner.job import tune
 
-        with _LiveProgress(console, plan.trials, done) as progress:
+        with LiveProgress(console, plan.trials, done) as progress:
             summary = tune(plan, executor, progress, task_info, started=started,
                            diagnostics=diagnostics)
         if isinstance(executor, LocalProcessExecutor):
@@ -258,6 +256,23 @@ def _tune(args) -> int:
                   + ("" if not args.tracking_uri else
                      f"  (tracking: {_redact(args.tracking_uri)})"))
     return 0
+
+
+def _fit_to_model(executor, plan, console):
+    """Check the task in the worker, fit the space to the model's layers, run diagnostics."""
+    from tuner.diagnostics_report import conclusions
+
+    console.print("starting the TensorFlow worker and checking the task...")
+    task_info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers)
+    console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
+                  f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+    plan, notes = plan.fitted_to(task_info["float32_matches"])
+    for note in notes:
+        console.print(f"space: {note}", markup=False)
+    diagnostics = executor.diagnose(str(plan.task_path), 3)
+    for line in conclusions(diagnostics):
+        console.print(f"diagnostics: {line}", markup=False)
+    return plan.with_diagnostics(diagnostics), task_info, diagnostics
 
 
 def _flags(args, task_path: Path):
@@ -303,145 +318,3 @@ def _copy_log(source: str, target: Path) -> None:
         os.unlink(source)
     except OSError:
         pass
-
-
-class _LiveProgress:
-    """A rich progress bar: trials done, best speedup so far, the current trial."""
-
-    def __init__(self, console, total: int, completed: int = 0) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-
-        self.console = console
-        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=console, transient=True)
-        self.task = self.progress.add_task("starting", total=total, completed=completed)
-        self.best = "best: -"
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.progress.__exit__(*exc_info)
-
-    def trial_started(self, number: int, description: str) -> None:
-        from rich.markup import escape
-
-        self.progress.update(self.task,
-                             description=escape(f"{self.best} · now #{number} {description}"))
-
-    def trial_finished(self, row, best, speedup) -> None:
-        if best is not None and speedup is not None:
-            self.best = f"best: {speedup:.2f}x"
-        from rich.markup import escape
-
-        median = row.judgement.median_step_ms
-        self.console.print(escape(
-            f"  #{row.number:<3} {row.config.describe():<50} {row.judgement.verdict.value:<12} "
-            + (f"{median:9.2f} ms/step" if median else " " * 17)
-            + (f"  {row.judgement.reason}" if row.judgement.reason else "")))
-        self.progress.update(self.task, advance=1, description=self.best)
-
-    def phase(self, text: str) -> None:
-        self.progress.update(self.task, description=f"{self.best} · {text}")
-        self.console.print(f"  {text}")
-
-
-def _export(args) -> int:
-    from tuner.config import PrecisionConfig
-
-    source = args.run_dir / "best_precision.json"
-    if not args.run_dir.is_dir():
-        raise UsageError(f"run directory not found: {str(args.run_dir)!r}. Pass the --run-dir of "
-                         "a finished `precision-tuner tune`.")
-    if not source.is_file():
-        raise UsageError(f"{str(args.run_dir)!r} holds no best_precision.json: the tuning job did "
-                         "not finish. Re-run `precision-tuner tune`.")
-    config = PrecisionConfig.load(source)
-    text = config.to_yaml() if args.format == "yaml" else config.to_json()
-    if args.out is None:
-        sys.stdout.write(text)
-        return 0
-    if args.out.exists() and not args.force:
-        raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it.")
-    target = args.out
-    if args.format == "yaml" and target.suffix.lower() not in (".yaml", ".yml"):
-        target.write_text(text)  # honour --format over the file name
-    else:
-        config.save(target, overwrite=True)
-    print(f"wrote {target}")
-    return 0
-
-
-def _ui(args) -> int:
-    import os
-    import subprocess
-
-    from tuner.tracking import default_tracking_uri
-
-    store = args.run_dir / "mlflow.db"
-    if not store.is_file():
-        raise UsageError(f"no MLflow store in {str(args.run_dir)!r} (expected mlflow.db). Pass "
-                         "the --run-dir of a `precision-tuner tune` run.")
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"precision-tuner: warning: binding the UI to {args.host} exposes every run to "
-              "the network; there is no authentication.", file=sys.stderr)
-    uri = default_tracking_uri(args.run_dir)
-    base = f"http://{args.host}:{args.port}"
-    print(f"MLflow UI on {base} (Ctrl-C to stop)")
-    for label, path in _ui_links(args.run_dir, uri).items():
-        print(f"  {label}: {base}/{path}")
-    # The UI's background job workers serve MLflow's GenAI features, which a tuning run never
-    # uses: seven idle processes less.
-    env = {**os.environ}
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", args.host, "--port", str(args.port)]
-    return subprocess.call(command, env=env)
-
-
-def _ui_links(run_dir: Path, uri: str) -> dict[str, str]:
-    from tuner.run_store import RunStore
-    from tuner.tracking import ui_paths
-
-    try:
-        run = RunStore(run_dir).read_run()
-    except Exception:  # an unreadable run.json must not keep the UI from starting
-        return {}
-    return ui_paths(uri, run.get("experiment", ""), run.get("parent_run_id"))
-
-
-def _diagnose(args) -> int:
-    import json
-
-    from rich.console import Console
-
-    from tuner.diagnostics_report import print_table
-    from tuner.executor import LocalProcessExecutor
-    from tuner.task_file import check_task_file
-
-    task_path = check_task_file(args.task)
-    if args.json is not None and args.json.exists():
-        raise UsageError(f"--json {str(args.json)!r} already exists. Remove it or choose another "
-                         "file.")
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    with LocalProcessExecutor() as executor:
-        executor.probe(str(task_path), args.steps)
-        diagnostics = executor.diagnose(str(task_path), args.steps)
-    print_table(diagnostics, console, limit=None if args.all else 25)
-    if args.json is not None:
-        args.json.write_text(json.dumps(diagnostics, indent=1) + "\n")
-        console.print(f"written to {args.json}")
-    return 0
-
-
-def _spaces(args) -> int:
-    from tuner.space import builtin_space_names, load_space
-
-    for name in builtin_space_names():
-        space = load_space(name)
-        print(f"{name:10} {space.size():5} configs, {space.trials:3} trials  "
-              f"{' '.join(space.description.split())}")
-    return 0

@@ -307,7 +307,7 @@ class PrecisionConfig:
 
     def wrap_optimizer(self, optimizer):
         """Apply loss scaling and the optimizer epsilon to a Keras optimizer."""
-        from tuner.keras_apply import wrap_optimizer
+        from tuner.loss_scaling import wrap_optimizer
 
         return wrap_optimizer(self, optimizer)
 

@@ -83,7 +83,7 @@ def _run_trial(spec_dict: dict) -> dict:
 
 
 def _probe(task_path: str, steps: int, patterns: list[str]) -> dict:
-    from tuner.worker.trial import probe_task
+    from tuner.worker.probe import probe_task
 
     return probe_task(task_path, steps, patterns)
 

@@ -15,9 +15,7 @@ from typing import Any
 
 from tuner.decision import DEFAULT_MIN_GAIN
 from tuner.errors import UsageError
-from tuner.space import SearchSpace, load_space
-
-MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
+from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def _trial_actor_class():
         def probe(self, task_path: str, task_source: str, steps: int,
                   patterns: list[str]) -> dict:
             from tuner.worker.task_loader import task_file_here
-            from tuner.worker.trial import probe_task
+            from tuner.worker.probe import probe_task
 
             return probe_task(task_file_here(task_path, task_source), steps, patterns)
 

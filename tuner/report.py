@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tuner.results import TrialRow, TuneSummary
+    from tuner.results import TuneSummary
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

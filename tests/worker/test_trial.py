@@ -11,7 +11,8 @@ from tuner.config import Float32Placement, LossScale, PrecisionConfig  # noqa: E
 from tuner.errors import TaskError  # noqa: E402
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
 from tuner.verdict import Verdict, judge  # noqa: E402
-from tuner.worker.trial import probe_task, run_trial  # noqa: E402
+from tuner.worker.probe import probe_task  # noqa: E402
+from tuner.worker.trial import run_trial  # noqa: E402
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 

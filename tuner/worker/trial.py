@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import socket
 import statistics
-import threading
 import time
-from typing import Sequence
 
 from tuner.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.memory import MemoryMeter
 
 # Early stopping (see _too_slow_reason): warm-up steps never count; after warm-up, a trial is
 # stopped when its last _HOPELESS_STEPS steps were all over _HOPELESS_FACTOR x the limit (float16
@@ -55,7 +53,7 @@ def _run(spec: TrialSpec) -> TrialResult:
     result = TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED,
                          warmup_steps=spec.warmup_steps, node=socket.gethostname())
     stage = "task"
-    memory = _MemoryMeter()
+    memory = MemoryMeter()
     try:
         from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
 
@@ -68,7 +66,7 @@ def _run(spec: TrialSpec) -> TrialResult:
             model = task.build_model()
             stage = "compile"
             optimizer = _compile(model, task, config)
-            result.batch_size = _batch_size(batches[0][0])
+            result.batch_size = batch_size_of(batches[0][0])
             stage = "train"
             result.setup_s = time.perf_counter() - started
             _train(model, optimizer, batches, spec, result)
@@ -96,7 +94,7 @@ def _run(spec: TrialSpec) -> TrialResult:
     return result
 
 
-def _batch_size(x) -> int | None:
+def batch_size_of(x) -> int | None:
     import tensorflow as tf
 
     leaves = tf.nest.flatten(x)
@@ -150,7 +148,7 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult):
     """
     import keras
 
-    from tuner.keras_apply import current_loss_scale
+    from tuner.loss_scaling import current_loss_scale
 
     class StepRecorder(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -262,108 +260,3 @@ def _too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms
                 f"over {quartile:.1f} ms, beyond the early-stop limit of {limit:.1f} ms "
                 f"(+{_CLEAR_MARGIN - 1:.0%} margin; median {statistics.median(timed):.1f} ms)")
     return ""
-
-
-class _MemoryMeter:
-    """Peak memory of the trial: the GPU allocator's peak, else host RSS growth (sampled)."""
-
-    def __init__(self) -> None:
-        self._gpu = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._baseline = 0
-        self._peak = 0
-
-    def start(self) -> None:
-        import tensorflow as tf
-
-        gpus = tf.config.list_logical_devices("GPU")
-        if gpus:
-            self._gpu = gpus[0].name.replace("/device:", "")
-            tf.config.experimental.reset_memory_stats(self._gpu)
-            return
-        self._baseline = self._peak = _rss_bytes()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            self._peak = max(self._peak, _rss_bytes())
-
-    def stop(self) -> tuple[int | None, str]:
-        if self._gpu is not None:
-            import tensorflow as tf
-
-            return int(tf.config.experimental.get_memory_info(self._gpu)["peak"]), "gpu_peak"
-        if self._thread is None:
-            return None, ""
-        self._stop.set()
-        self._thread.join()
-        self._peak = max(self._peak, _rss_bytes())
-        return self._peak - self._baseline, "host_rss_growth"
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux: fall back to the lifetime peak
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict:
-    """Check the task in the worker before anything is written; return a short description.
-
-    The model is built (and, if subclassed, called on the first batch so that its layers
-    exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
-    group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
-    layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
-    contract.
-    """
-    import keras
-    import tensorflow as tf
-
-    from tuner.config import FLOAT32_GROUPS
-    from tuner.keras_apply import float32_matches
-    from tuner.worker.task_loader import fixed_batches, load_task
-
-    reset_keras_state(0)
-    task = load_task(task_path)
-    batches = fixed_batches(task, steps)
-    with PrecisionConfig().scope():
-        model = _probe_build(task, batches[0])
-    style = ("sequential" if isinstance(model, keras.Sequential) else
-             "functional" if type(model).__name__ == "Functional" else "subclassed")
-    info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
-            "style": style, "batches": len(batches), "batch_size": _batch_size(batches[0][0]),
-            "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
-            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
-    reset_keras_state(0)
-    return info
-
-
-def _probe_build(task, first_batch):
-    import keras
-
-    from tuner.worker.task_loader import _first_line
-
-    try:
-        model = task.build_model()
-    except Exception as exc:
-        raise TaskError(f"build_model() in {task.path.name} raised {type(exc).__name__}: "
-                        f"{_first_line(exc)}. Fix the task file.") from exc
-    if not isinstance(model, keras.Model):
-        raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "
-                        f"Received: {type(model).__name__}")
-    if not model.built:  # a subclassed model creates its layers' weights on its first call
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
-        try:
-            model(x)
-        except Exception as exc:
-            raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
-                            f"first batch of train_data() raised {type(exc).__name__}: "
-                            f"{_first_line(exc)}. Make the model accept train_data()'s x.") \
-                from exc
-    return model

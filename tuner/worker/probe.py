@@ -1,0 +1,71 @@
+"""The task check, in the worker: does the task file keep the contract, and what is the model?
+
+Runs before anything is written; raises TaskError (a UsageError, exit 2) when the task breaks
+the contract. Also reports which layers each float32 group and pattern selects, so that the
+driver can fit the search space to the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from tuner.config import PrecisionConfig
+from tuner.errors import TaskError
+from tuner.worker.trial import batch_size_of, reset_keras_state
+
+
+def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict:
+    """Check the task in the worker before anything is written; return a short description.
+
+    The model is built (and, if subclassed, called on the first batch so that its layers
+    exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
+    group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
+    layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
+    contract.
+    """
+    import keras
+    import tensorflow as tf
+
+    from tuner.config import FLOAT32_GROUPS
+    from tuner.keras_apply import float32_matches
+    from tuner.worker.task_loader import fixed_batches, load_task
+
+    reset_keras_state(0)
+    task = load_task(task_path)
+    batches = fixed_batches(task, steps)
+    with PrecisionConfig().scope():
+        model = _probe_build(task, batches[0])
+    style = ("sequential" if isinstance(model, keras.Sequential) else
+             "functional" if type(model).__name__ == "Functional" else "subclassed")
+    info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
+            "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
+            "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
+            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
+    reset_keras_state(0)
+    return info
+
+
+def _probe_build(task, first_batch):
+    import keras
+
+    from tuner.worker.task_loader import _first_line
+
+    try:
+        model = task.build_model()
+    except Exception as exc:
+        raise TaskError(f"build_model() in {task.path.name} raised {type(exc).__name__}: "
+                        f"{_first_line(exc)}. Fix the task file.") from exc
+    if not isinstance(model, keras.Model):
+        raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "
+                        f"Received: {type(model).__name__}")
+    if not model.built:  # a subclassed model creates its layers' weights on its first call
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
+        try:
+            model(x)
+        except Exception as exc:
+            raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
+                            f"first batch of train_data() raised {type(exc).__name__}: "
+                            f"{_first_line(exc)}. Make the model accept train_data()'s x.") \
+                from exc
+    return model
