@@ -88,13 +88,16 @@ def tune(task: Path, space: str, run_dir: Path, *extra: str) -> dict:
             "train_s": round(metrics["train_s"], 2),
             "trace_s": round(metrics.get("trace_s", 0.0), 2), "trials": len(trials),
             "stable_trials": sum(t["verdict"] == "stable" for t in trials),
-            "best": best, "speedup_vs_float32": best["provenance"]["speedup_vs_float32"]}
+            "best": best, "speedup_vs_float32": best["provenance"]["speedup_vs_float32"],
+            "speedup_interval": best["provenance"].get("speedup_interval"),
+            "tie_within_noise": best["provenance"].get("tie_within_noise")}
 
 
 # -- back to back ----------------------------------------------------------------------------
 def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
-              rounds: int) -> dict[str, float]:
-    """Median step time (ms) of each config, timed in interleaved rounds in one fresh worker.
+              rounds: int) -> tuple[dict[str, float], dict[str, list[list[float]]]]:
+    """Median step time (ms) of each config, timed in interleaved rounds in one fresh worker,
+    and each config's timed steps per round (for intervals).
 
     Labels that name the same config share one measurement (it is timed once per round). A
     control slot times float32 a second time, as if it were another config: the returned
@@ -108,6 +111,7 @@ def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
     slots["control"] = PrecisionConfig().to_dict()
     keys = list(slots)
     timings: dict[str, list[float]] = {key: [] for key in keys}
+    per_round: dict[str, list[list[float]]] = {key: [] for key in keys}
     with LocalProcessExecutor() as executor:
         # One untimed pass first, so no config pays for the worker's first TensorFlow start.
         executor.run(TrialSpec(0, str(task), slots[keys[0]], warmup + 3, warmup), 900)
@@ -119,9 +123,21 @@ def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
                 if result.outcome.value != "completed":
                     sys.exit(f"benchmark: re-measuring {key} failed: {result.failure_message}")
                 timings[key].extend(result.timed_steps_ms)
+                per_round[key].append(list(result.timed_steps_ms))
     medians = {label: statistics.median(timings[json.dumps(config, sort_keys=True)])
                for label, config in configs.items()}
-    return {**medians, "float32_control": statistics.median(timings["control"])}
+    rounds_of = {label: per_round[json.dumps(config, sort_keys=True)]
+                 for label, config in configs.items()}
+    rounds_of["float32_control"] = per_round["control"]
+    return {**medians, "float32_control": statistics.median(timings["control"])}, rounds_of
+
+
+def interval(rounds_of: dict[str, list[list[float]]], label: str) -> list[float]:
+    """float32 / ``label`` with its 95% interval over the rounds (tuner.noise's rule)."""
+    from tuner.noise import paired_speedup
+
+    estimate = paired_speedup(rounds_of["float32"], rounds_of[label])
+    return [round(estimate.low, 4), round(estimate.ratio, 4), round(estimate.high, 4)]
 
 
 def noise_only(label: str, rounds: int) -> None:
@@ -135,8 +151,8 @@ def noise_only(label: str, rounds: int) -> None:
     for row in data["examples"]:
         task = ROOT / "examples" / f"{row['example']}.py"
         print(f"[{row['example']}] A/A: float32 against itself ({rounds} rounds)...", flush=True)
-        ms = remeasure(task, {"float32": PrecisionConfig().to_dict()}, budget.steps,
-                       budget.warmup_steps, rounds)
+        ms, _ = remeasure(task, {"float32": PrecisionConfig().to_dict()}, budget.steps,
+                          budget.warmup_steps, rounds)
         row["aa_ratio"] = round(ms["float32_control"] / ms["float32"], 4)
         row["aa_measured_separately"] = True
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -171,7 +187,7 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
     configs = {"float32": PrecisionConfig().to_dict(), "pick": pick, "grid_best": best}
     print(f"[{name}] re-measuring float32, the pick and the grid's best back to back "
           f"({rounds} rounds)...", flush=True)
-    ms = remeasure(task, configs, budget.steps, budget.warmup_steps, rounds)
+    ms, rounds_of = remeasure(task, configs, budget.steps, budget.warmup_steps, rounds)
     return {
         "example": name,
         "grid": {k: v for k, v in grid.items() if k != "best"} | {"best": describe(best)},
@@ -180,6 +196,8 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
         "remeasured_ms": {k: round(v, 4) for k, v in ms.items()},
         "regret": 1.0 if same else round(ms["pick"] / ms["grid_best"], 4),
         "aa_ratio": round(ms["float32_control"] / ms["float32"], 4),
+        "aa_interval": interval(rounds_of, "float32_control"),
+        "pick_interval": interval(rounds_of, "pick"),
         "cost_ratio": round(tuned["wall_s"] / grid["wall_s"], 4),
         "speedup_vs_float32": round(ms["float32"] / ms["pick"], 4),
         "grid_best_speedup_vs_float32": round(ms["float32"] / ms["grid_best"], 4),
@@ -190,6 +208,27 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
 # -- the report ------------------------------------------------------------------------------
 def verdict(value: float, target: float) -> str:
     return "met" if value <= target else "missed"
+
+
+def _ratio_with_interval(ratio: float, bounds: list[float] | None) -> str:
+    if not bounds:
+        return f"{ratio:.2f}x"
+    return f"{ratio:.2f}x [{bounds[0]:.2f}-{bounds[2]:.2f}]"
+
+
+def _aa(row: dict) -> str:
+    if "aa_ratio" not in row:
+        return "-"
+    return _ratio_with_interval(row["aa_ratio"], row.get("aa_interval"))
+
+
+def _tuner_interval(tuner: dict) -> str:
+    """What the tuner itself printed for its pick: the speedup and its interval, or a tie."""
+    bounds = tuner.get("speedup_interval")
+    if bounds is None:
+        return "- (not recorded)"
+    text = f"{tuner['speedup_vs_float32']:.2f}x [{bounds[0]:.2f}-{bounds[1]:.2f}]"
+    return text + (", tie" if tuner.get("tie_within_noise") else "")
 
 
 def write_doc() -> None:
@@ -221,8 +260,9 @@ def write_doc() -> None:
                   f"{data['tensorflow']}; space `{data['space']}`; {data['date']}; "
                   f"`{path.relative_to(ROOT)}`.", "",
                   "| example | grid: configs, wall | grid best | tuner: trials, wall | tuner pick "
-                  "| regret | A/A noise | cost ratio | pick vs float32 | overhead ratio |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| regret | A/A noise | tuner's own interval | pick vs float32 | cost ratio "
+                  "| overhead ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in data["examples"]:
             cells = [
                 r["example"],
@@ -231,9 +271,10 @@ def write_doc() -> None:
                 f"{r['tuner']['trials']}, {r['tuner']['wall_s']:.0f} s",
                 r["tuner"]["pick"] + (" (same)" if r["same_config"] else ""),
                 f"{r['regret']:.3f} ({verdict(r['regret'], TARGETS['regret'])})",
-                f"{r['aa_ratio']:.3f}" if "aa_ratio" in r else "-",
+                _aa(r),
+                _tuner_interval(r["tuner"]),
+                _ratio_with_interval(r["speedup_vs_float32"], r.get("pick_interval")),
                 f"{r['cost_ratio']:.2f} ({verdict(r['cost_ratio'], TARGETS['cost_ratio'])})",
-                f"{r['speedup_vs_float32']:.2f}x",
                 f"{r['overhead_ratio']:.2f} "
                 f"({verdict(r['overhead_ratio'], TARGETS['overhead_ratio'])})",
             ]

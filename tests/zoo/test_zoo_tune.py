@@ -1,0 +1,72 @@
+"""Every zoo model tunes end to end: task check, space fitted to the model, diagnostics, the
+float32 baseline and a 16-bit trial, the re-measurement, the records, an exported config.
+
+The job runs through the same code as `precision-tuner tune` (plan, job, scheduler,
+remeasure) on one local worker shared by all models, on the quick space without float16: this
+CPU emulates float16 (70-400x slower), which would only make the suite slow.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ZOO = Path(__file__).parent
+MODELS = sorted(path.stem for path in ZOO.glob("*.py")
+                if not path.stem.startswith(("test_", "_")))
+SPACE = """
+policies: [float32, mixed_bfloat16]
+float32: {groups: [softmax, normalization, attention, embedding]}
+trials: 2
+trial: {steps: 9, warmup_steps: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def executor():
+    from tuner.executor import LocalProcessExecutor
+
+    with LocalProcessExecutor() as shared:
+        yield shared
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
+    from tuner.config import PrecisionConfig
+    from tuner.job import tune
+    from tuner.plan import Flags, Remeasurement, resolve
+
+    space = tmp_path / "zoo.yaml"
+    space.write_text(SPACE)
+    plan = resolve(Flags(task_path=ZOO / f"{name}.py", run_dir=tmp_path / "run",
+                         space=str(space)), None)
+    info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers)
+    plan, notes = plan.fitted_to(info["float32_matches"])
+    # Groups that select nothing in this model are gone from the space, each with a line.
+    for note in notes:
+        group = note.split("'")[1]
+        assert group not in plan.space.float32_groups
+        assert not info["float32_matches"]["groups"][group]
+    diagnostics = executor.diagnose(str(plan.task_path), 2)
+    plan = plan.with_diagnostics(diagnostics)
+    from dataclasses import replace
+
+    plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2))
+    summary = tune(plan, executor, diagnostics=diagnostics, task_info=info)
+
+    trials = json.loads((plan.run_dir / "trials.json").read_text())
+    assert [t["config"]["policy"] for t in trials][:1] == ["float32"]
+    assert len(trials) == 2 and trials[0]["verdict"] == "stable", trials[0]["reason"]
+    assert trials[1]["config"]["policy"] == "mixed_bfloat16"
+    assert trials[1]["verdict"] in ("stable", "unstable", "failed", "stopped_slow")
+    best = PrecisionConfig.load(plan.run_dir / "best_precision.json")
+    assert best == summary.best_config
+    low, high = best.provenance["speedup_interval"]
+    assert low <= best.provenance["speedup_vs_float32"] <= high
+    # The exported config names only placements that select a layer of this model.
+    for group in best.float32.groups:
+        assert info["float32_matches"]["groups"][group]
+    print(f"{name}: pick {best.describe()} ({summary.decision}); 16-bit trial "
+          f"{trials[1]['verdict']} {trials[1]['reason']}")
