@@ -95,7 +95,7 @@ def test_rounds_stop_at_the_target_or_the_cap_and_say_which(tmp_path):
     machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 10.0, drift=0.01,
                       jitter=0.01)
     _, calm, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
-    assert "in 3 rounds" in calm.notes[0]
+    assert "in 4 rounds" in calm.notes[0]
     noisy = Machine(step_ms=lambda c: 20.0, drift=0.3, seed=4)
     _, capped, _, _ = tune(space_file(tmp_path, MIXED), noisy, tmp_path, trials=3,
                            remeasurement=Remeasurement(max_rounds=4, time_cap_s=1e9))

@@ -22,7 +22,7 @@ from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
 class Remeasurement:
     """How the finalists are re-timed against float32 before a winner is named."""
 
-    min_rounds: int = 3
+    min_rounds: int = 4                 # 3 stopped early on lucky rounds (see tuner.noise)
     max_rounds: int = 8
     target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
     time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
