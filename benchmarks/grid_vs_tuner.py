@@ -211,9 +211,11 @@ def verdict(value: float, target: float) -> str:
 
 
 def _ratio_with_interval(ratio: float, bounds: list[float] | None) -> str:
+    """``bounds`` is [low, estimate, high] (the geometric mean over rounds, which the interval
+    is built around); without it, the ratio of the pooled medians."""
     if not bounds:
         return f"{ratio:.2f}x"
-    return f"{ratio:.2f}x [{bounds[0]:.2f}-{bounds[2]:.2f}]"
+    return f"{bounds[1]:.2f}x [{bounds[0]:.2f}-{bounds[2]:.2f}]"
 
 
 def _aa(row: dict) -> str:
