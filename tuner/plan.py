@@ -16,6 +16,7 @@ from typing import Any
 from tuner.decision import DEFAULT_MIN_GAIN
 from tuner.errors import UsageError
 from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
+from tuner.space_yaml import looks_like_path
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,6 @@ def space_ref(space: str) -> str:
     if looks_like_path(space):
         return str(Path(space).resolve())
     return space
-
-
-def looks_like_path(text: str) -> bool:
-    return text.endswith((".yaml", ".yml")) or "/" in text
 
 
 def check_steps(steps: int, warmup_steps: int, what: str) -> None:

@@ -57,10 +57,6 @@ class TuneSummary:
     remeasure_notes: list[str] = field(default_factory=list)  # rounds, target, losses
 
     @property
-    def speedup(self) -> float | None:
-        return self.estimate.ratio if self.estimate else None
-
-    @property
     def outside_training_fraction(self) -> float:
         return max(0.0, 1.0 - self.train_s / self.wall_s) if self.wall_s else 0.0
 

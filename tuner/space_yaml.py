@@ -173,6 +173,11 @@ def _budget(source: str, top: Mapping) -> TrialBudget:
     return budget
 
 
+def looks_like_path(text: str) -> bool:
+    """A space given as a YAML file rather than a built-in name."""
+    return text.endswith((".yaml", ".yml")) or "/" in text
+
+
 def builtin_space_names() -> list[str]:
     names = set()
     packaged = resources.files("tuner").joinpath("search_spaces")
@@ -196,8 +201,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     import yaml
 
     text_or_path = str(name_or_path)
-    looks_like_path = text_or_path.endswith((".yaml", ".yml")) or "/" in text_or_path
-    if looks_like_path:
+    if looks_like_path(text_or_path):
         path = Path(text_or_path)
         if not path.is_file():
             raise SearchSpaceError(f"search space file not found: {text_or_path!r}. Check the path "
