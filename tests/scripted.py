@@ -112,7 +112,7 @@ class Records:
     def trial_started(self, number, config, optuna_number, repair) -> None:
         self.started.append(number)
 
-    def trial_finished(self, row) -> None:
+    def trial_finished(self, row, baseline_ms) -> None:
         self.finished.append(row)
 
 

@@ -70,7 +70,6 @@ class _Records:
         self.matches = matches
         self.store = store
         self.open_runs: dict[int, str] = {}
-        self.baseline_ms: float | None = None   # float32's search-phase median
 
     def trial_started(self, number: int, config: PrecisionConfig, optuna_number: int | None,
                       repair: bool) -> None:
@@ -79,17 +78,14 @@ class _Records:
             number=number, config=config, optuna_number=optuna_number,
             purpose="repair" if repair else "search", placed=placed)
 
-    def trial_finished(self, row: TrialRow) -> None:
+    def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None:
         row.run_id = self.open_runs.pop(row.number)
         if self.matches is not None:
             row.placed = placed_layers(row.config, self.matches)
-        baseline_ms = row.judgement.median_step_ms if row.number == 0 else self.baseline_ms
         self.tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                judgement=row.judgement, baseline_ms=baseline_ms)
-        if row.number == 0:
-            self.baseline_ms = row.judgement.median_step_ms
-            if not row.judgement.stable:
-                return  # the job ends here; a resume must start from a good baseline
+        if row.number == 0 and not row.judgement.stable:
+            return  # the job ends here; a resume must start from a good baseline
         self.store.append_trial(row_record(row))
 
 
@@ -102,8 +98,6 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory) -> tuple[A
         tracker.resume_parent(record["parent_run_id"])
         scheduler = scheduler_factory(study, requeued)
         scheduler.restore(store.read_trials())
-        if scheduler.baseline is not None:
-            scheduler.records.baseline_ms = scheduler.baseline.judgement.median_step_ms
         return study, scheduler
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed)

@@ -40,8 +40,8 @@ class Remeasured:
 
 
 def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
-    stable = [r for r in scheduler.rows[1:] if r.judgement.stable and r.judgement.median_step_ms]
-    return sorted(stable, key=lambda r: r.judgement.median_step_ms)[:scheduler.plan.finalists]
+    stable = [r for r in scheduler.timed_stable_rows() if r is not scheduler.baseline]
+    return stable[:scheduler.plan.finalists]
 
 
 def remeasure(scheduler: Scheduler) -> Remeasured:

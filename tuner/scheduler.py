@@ -28,7 +28,7 @@ class TrialRecords(Protocol):
 
     def trial_started(self, number: int, config: PrecisionConfig,
                       optuna_number: int | None, repair: bool) -> None: ...
-    def trial_finished(self, row: TrialRow) -> None: ...
+    def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None: ...
 
 
 def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
@@ -57,9 +57,14 @@ class Scheduler:
     def baseline(self) -> TrialRow | None:
         return self.rows[0] if self.rows else None  # trial 0 always finishes first, alone
 
-    def best_stable(self) -> TrialRow | None:
+    def timed_stable_rows(self) -> list[TrialRow]:
+        """Stable trials with a step time, fastest (search-phase median) first."""
         stable = [r for r in self.rows if r.judgement.stable and r.judgement.median_step_ms]
-        return min(stable, key=lambda r: r.judgement.median_step_ms) if stable else None
+        return sorted(stable, key=lambda r: r.judgement.median_step_ms)
+
+    def best_stable(self) -> TrialRow | None:
+        stable = self.timed_stable_rows()
+        return stable[0] if stable else None
 
     def search_speedup(self, row: TrialRow | None) -> float | None:
         """Screening figure only (search-phase medians); the decision uses re-measurements."""
@@ -84,7 +89,7 @@ class Scheduler:
 
     def stop_limit_ms(self) -> float | None:
         """Early-stop limit for the next trial: from exclusive timings where there are some."""
-        stable = [r for r in self.rows if r.judgement.stable and r.judgement.median_step_ms]
+        stable = self.timed_stable_rows()
         exclusive = [r.judgement.median_step_ms for r in stable if r.result.exclusive_timing]
         if exclusive:
             return self.plan.slow_factor * min(exclusive)
@@ -150,11 +155,12 @@ class Scheduler:
                        repair=proposal.is_repair)
         if not self.rows and not row.judgement.stable:
             self.proposer.fail(proposal)
-            self.records.trial_finished(row)
+            self.records.trial_finished(row, row.judgement.median_step_ms)
             raise TunerError(f"the float32 baseline trial did not train stably "
                              f"({row.judgement.reason}); nothing can be judged against it. "
                              "Check the task with plain float32 training first.")
-        self.records.trial_finished(row)  # first to disk: a kill after this loses nothing
+        # First to disk: a kill after this loses nothing.
+        self.records.trial_finished(row, (self.baseline or row).judgement.median_step_ms)
         self.rows.append(row)
         self.proposer.finished(proposal, row)
         best = self.best_stable()
