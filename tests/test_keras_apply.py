@@ -237,10 +237,14 @@ def test_every_kind_of_softmax_computes_in_float32(build, policy):
     layers["attention_softmax"] = layers["mha"]._softmax
     outputs["attention_softmax"] = outputs["softmax"]  # MHA names its softmax "softmax"
     outputs["tagger"] = outputs["per_step"]  # TimeDistributed runs the tagger's call itself
+    sixteen = cfg.compute_dtype
+    # A float32 layer hands its result back in the dtype of the layer that owns it (MHA owns its
+    # softmax; a subclassed model owns its chain), except to a functional or Sequential model.
+    owned_by_a_call = {"attention_softmax"} | (
+        {"relu", "softmax_layer", "activation", "tagger"} if build is SixSubclassed else set())
     for name in SOFTMAX_KINDS:
         assert layers[name].dtype_policy.compute_dtype == "float32", name
-        assert outputs[name].dtype == "float32", name
-    sixteen = cfg.compute_dtype
+        assert outputs[name].dtype == (sixteen if name in owned_by_a_call else "float32"), name
     for name in ("before", "after", "nested_dense", "mha"):
         assert layers[name].dtype_policy.compute_dtype == sixteen, name
     # The layer after a float32 one gets its inputs cast back to 16 bits.
@@ -297,3 +301,68 @@ def test_float32_matches_reports_groups_patterns_and_paths():
     assert found["groups"]["embedding"] == [] and found["layers"]["nope"] == []
     assert found["layers"]["*relu"] == [f"{name}/relu"]
     assert f"{name}/self_attention/mha/query" in found["all_layers"]
+
+
+# -- float32 islands inside a custom layer's own ops ---------------------------------------------
+class ResidualBlock(keras.layers.Layer):
+    """A custom residual block (not named after attention): its call adds the attention's output
+    to its 16-bit input with Python's `+`, which TensorFlow refuses across dtypes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(2, 4)
+        self.norm = keras.layers.LayerNormalization()
+
+    def call(self, x):
+        return self.norm(x + self.attention(x, x))
+
+
+class ResidualNet(keras.Model):
+    """The same raw-op residual in a subclassed model's call, with a softmax head it returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = keras.layers.MultiHeadAttention(2, 4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, x):
+        return self.head(self.pool(x + self.attention(x, x)))
+
+
+def _residual_functional():
+    inputs = keras.Input(SHAPE)
+    x = ResidualBlock()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(
+        keras.layers.GlobalAveragePooling1D()(x)))
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "bfloat16"])
+@pytest.mark.parametrize("build", [_residual_functional, ResidualNet])
+def test_a_float32_island_fits_raw_ops_in_its_owners_call(build, policy):
+    cfg = PrecisionConfig(policy, float32=Float32Placement(("attention", "softmax")))
+    with cfg.scope():
+        model = build()
+    x = np.random.default_rng(1).normal(size=(16,) + SHAPE).astype("float32")
+    outputs = _outputs_by_name(model, x)
+    attention = [layer for layer in _by_name(model).values()
+                 if isinstance(layer, keras.layers.MultiHeadAttention)][0]
+    assert attention.dtype_policy.compute_dtype == "float32"
+    assert outputs[attention.name].dtype == cfg.compute_dtype  # handed back to its owner
+    assert model(x).dtype == "float32"  # the float32 softmax head's output stays float32
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    history = model.fit(x, np.arange(16) % 3, epochs=2, batch_size=8, verbose=0)
+    assert all(np.isfinite(history.history["loss"]))
+
+
+def test_without_the_island_handing_back_the_raw_op_clashes():
+    # What the hand-back prevents, shown with Keras alone: a float32 attention inside the block.
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        inputs = keras.Input(SHAPE)
+        block = ResidualBlock()
+        block.attention.dtype_policy = keras.DTypePolicy("float32")
+        with pytest.raises(Exception, match="AddV2.*does not match type"):
+            block(inputs)
+    finally:
+        keras.config.set_dtype_policy("float32")

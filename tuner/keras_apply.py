@@ -31,6 +31,16 @@ functional model's symbolic dtypes equal to what runs, and so that a layer calle
 placed layer is placed. Whatever was constructed in the scope and is still undecided is decided
 when the scope ends.
 
+A float32 island must fit any caller. Inside a Keras graph (a functional or Sequential model)
+the next layer casts its inputs, but a custom layer's ``call`` (or a subclassed model's) may
+mix a sublayer's output with its own 16-bit tensors in raw ops (``x + self.attention(x, x)``),
+which TensorFlow refuses across dtypes. So a placed layer hands its float outputs back in the
+compute dtype of the layer that owns it, unless that owner is a functional or Sequential model;
+a subclassed model that returns such an output unchanged returns the float32 original (a
+float32 softmax head keeps its float32 output). The owner is the structural parent, recorded
+whenever the scope sees one (a call, a build, the scope's end); the wrapper on the placed
+layer's ``call`` is an instance attribute, so it works after the scope too.
+
 Placing a layer places everything inside it (an LSTM's cell computes what the LSTM computes),
 and a ``Wrapper`` (``TimeDistributed``) whose inner layer is selected is placed with it: a
 wrapper runs its inner layer's ``call`` directly, under its own autocast scope, which would read
@@ -199,6 +209,10 @@ class Float32Placer:
         self._unbuilt: weakref.WeakSet = weakref.WeakSet()   # when the scope ended
         self._matches: dict[tuple[str, str], dict[int, tuple[weakref.ref, str]]] = {}
         self._active: list[keras.layers.Layer] = []  # layers being called or built right now
+        self._parents: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._handing_back: weakref.WeakSet = weakref.WeakSet()
+        self._returning_originals: weakref.WeakSet = weakref.WeakSet()
+        self._originals: dict[int, dict[int, tuple[Any, Any]]] = {}  # per subclassed model
         self._scope_open = True
         self._checked = False
 
@@ -250,6 +264,7 @@ class Float32Placer:
     def calling(self, layer: keras.layers.Layer) -> Iterator[None]:
         if layer not in self._decided:
             self.decide(layer, _prospective_path(layer))
+        self._record_children(layer)
         self._active.append(layer)
         try:
             yield
@@ -265,6 +280,7 @@ class Float32Placer:
                 continue
             if layer not in self._decided:
                 self.decide(layer, layer.path)
+            self._record_children(layer)
             if not layer.built:
                 self._unbuilt.add(layer)
         self._check_patterns_when_built()
@@ -282,6 +298,7 @@ class Float32Placer:
                                              path or known_path or layer.name)
         if selectors or self._inside_placed() or self._wraps_selected(layer):
             self._place_subtree(layer)
+            self._hand_back(layer)
 
     def _selectors(self, layer: keras.layers.Layer, path: str | None) -> list[tuple[str, str]]:
         groups = layer_groups(layer)
@@ -308,10 +325,81 @@ class Float32Placer:
     def _after_build(self, layer: keras.layers.Layer) -> None:
         if layer in self._placed:  # sublayers it created while building follow it
             self._place_subtree(layer)
+        self._record_children(layer)
         for sublayer, path in layer_paths(layer):  # paths are known now
             self.decide(sublayer, path)
+            self._record_children(sublayer)
         self._unbuilt.discard(layer)
         self._check_patterns_when_built()
+
+    # -- handing float32 results back to the owner's dtype ------------------------------------
+    def _record_children(self, parent: keras.layers.Layer) -> None:
+        for child in _sublayers(parent):
+            if child not in self._parents:
+                self._parents[child] = parent
+                if child in self._placed:
+                    self._hand_back(child)
+
+    def _owner_may_return_it(self, layer: keras.layers.Layer) -> None:
+        owner = self._parents.get(layer)
+        if isinstance(owner, keras.Model) and not _runs_a_graph(owner):
+            self._return_originals(owner)
+
+    def _hand_back(self, layer: keras.layers.Layer) -> None:
+        """Wrap the placed layer's ``call`` so that its float outputs come back in the compute
+        dtype of the layer that owns it (see the module docstring)."""
+        self._owner_may_return_it(layer)
+        if layer in self._handing_back:
+            return
+        self._handing_back.add(layer)
+        keras_call = layer.call
+        placer = self
+
+        @functools.wraps(keras_call)  # Keras reads call's signature (training, mask)
+        def call(*args, **kwargs):
+            output = keras_call(*args, **kwargs)
+            owner = placer._parents.get(layer)
+            if owner is None or _runs_a_graph(owner) or owner in placer._placed:
+                return output
+            return keras.tree.map_structure(
+                lambda value: placer._cast_for(owner, value), output)
+
+        object.__setattr__(layer, "call", call)
+
+    def _cast_for(self, owner: keras.layers.Layer, value: Any) -> Any:
+        target = owner.compute_dtype
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or not keras.backend.is_float_dtype(target) \
+                or not keras.backend.is_float_dtype(dtype) \
+                or keras.backend.standardize_dtype(dtype) == target:
+            return value
+        cast = keras.ops.cast(value, target)
+        if owner in self._returning_originals:  # it may return it: give it the original
+            self._originals.setdefault(id(owner), {})[id(cast)] = (cast, value)
+        return cast
+
+    def _return_originals(self, model: keras.Model) -> None:
+        if model in self._returning_originals:
+            return
+        self._returning_originals.add(model)
+        keras_call = model.call
+        placer = self
+
+        @functools.wraps(keras_call)
+        def call(*args, **kwargs):
+            try:
+                output = keras_call(*args, **kwargs)
+                handed = placer._originals.get(id(model), {})
+
+                def original(value):
+                    entry = handed.get(id(value))
+                    return entry[1] if entry is not None and entry[0] is value else value
+
+                return keras.tree.map_structure(original, output) if handed else output
+            finally:
+                placer._originals.pop(id(model), None)
+
+        object.__setattr__(model, "call", call)
 
     def _check_patterns_when_built(self) -> None:
         # A subclassed model's layers get their paths when it is built, often after the scope.
@@ -327,6 +415,13 @@ class Float32Placer:
             warnings.warn(f"float32 layer pattern {pattern!r} matches no layer of the model, so "
                           f"it places nothing.{hint} Fix the pattern (a glob on layer names and "
                           "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
+
+
+def _runs_a_graph(layer: keras.layers.Layer) -> bool:
+    """A functional or Sequential model: its layers cast their own inputs."""
+    from keras.src.models.functional import Functional
+
+    return isinstance(layer, (Functional, keras.Sequential))
 
 
 @contextlib.contextmanager

@@ -24,6 +24,9 @@ class FailureClass(str, enum.Enum):
     """Why a trial could not train (a non-finite loss is not a failure: see DIVERGED)."""
 
     DTYPE_MISMATCH = "dtype_mismatch"
+    INTEGER_ROUNDING = "integer_rounding"  # integer-valued floats beyond the 16-bit exact range
+    INDEX_OUT_OF_RANGE = "index_out_of_range"  # a gather/lookup index outside its table
+    NUMERIC_CHECK = "numeric_check"  # the model's own check_numerics found NaN or Inf
     OUT_OF_MEMORY = "out_of_memory"
     TASK_ERROR = "task_error"        # the user's task code raised (build_model, data, ...)
     WORKER_CRASHED = "worker_crashed"

@@ -54,6 +54,7 @@ def _run(spec: TrialSpec) -> TrialResult:
                          warmup_steps=spec.warmup_steps, node=socket.gethostname())
     stage = "task"
     memory = MemoryMeter()
+    model = optimizer = None
     try:
         from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
 
@@ -78,7 +79,8 @@ def _run(spec: TrialSpec) -> TrialResult:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
     except Exception as exc:  # noqa: BLE001 - every failure becomes part of the result
-        failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train")
+        failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train",
+                                                 layer_paths=_layer_paths(model))
         partial = result
         result = TrialResult.failed(spec.number, failure_class, message, layer,
                                     warmup_steps=spec.warmup_steps, node=partial.node,
@@ -92,6 +94,17 @@ def _run(spec: TrialSpec) -> TrialResult:
         model = optimizer = None  # noqa: F841 - release before the next trial
         gc.collect()
     return result
+
+
+def _layer_paths(model) -> list[str]:
+    if model is None:
+        return []
+    from tuner.keras_apply import layer_paths
+
+    try:
+        return [path for _, path in layer_paths(model)]
+    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
+        return []
 
 
 def batch_size_of(x) -> int | None:
