@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.records import read_trials
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ def test_best_config_is_written_and_loadable(tuned):
     assert best == PrecisionConfig.load(run_dir / "best_precision.json")
     assert best.provenance["task"] == "tiny_mlp.py"
     assert best.provenance["speedup_vs_float32"] > 0
-    trials = json.loads((run_dir / "trials.json").read_text())
+    trials = read_trials(run_dir)
     assert len(trials) == 6
     winner = next(t for t in trials if t["number"] == best.provenance["trial"])
     assert winner["verdict"] == "stable"
@@ -96,7 +97,7 @@ def test_optuna_study_shows_each_training_once(tuned):
     storage = f"sqlite:///{run_dir / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    trained = json.loads((run_dir / "trials.json").read_text())
+    trained = read_trials(run_dir)
     originals = [t for t in study.trials if "repeat_of" not in t.user_attrs]
     assert sorted(t.user_attrs["trial"] for t in originals) == \
         sorted(t["number"] for t in trained if not t["repair"])
@@ -151,7 +152,7 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
          str(tmp_path / "best.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "exhaustive: 3 distinct configs" in completed.stdout
-    trials = json.loads((run_dir / "trials.json").read_text())
+    trials = read_trials(run_dir)
     seen = {(t["config"]["policy"], tuple(t["config"]["float32"]["groups"])) for t in trials}
     assert len(trials) == 3  # more than the space's `trials: 1`, and no config twice
     assert seen == {("float32", ()), ("mixed_bfloat16", ()), ("mixed_bfloat16", ("softmax",))}

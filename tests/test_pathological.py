@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, TASKS
+from tests.records import read_trials
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ def tune(tmp_path, task, space_text):
          "--out", str(tmp_path / "best.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return json.loads((tmp_path / "run" / "trials.json").read_text()), completed.stdout
+    return read_trials(tmp_path / "run"), completed.stdout
 
 
 def test_overflow_task_rejects_float16_with_the_layer_and_keeps_a_bfloat16_config(tmp_path):

@@ -1,6 +1,5 @@
 """Trials on real Ray: a local pool, a 2-node cluster on loopback, killed and hung workers."""
 
-import json
 import os
 import secrets
 import signal
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TASKS
+from tests.records import read_trials
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ def tune(*args, env=None, **popen):
 
 
 def trials_of(run_dir):
-    return json.loads((run_dir / "trials.json").read_text())
+    return read_trials(run_dir)
 
 
 def test_local_pool_of_two_workers_runs_a_study(tmp_path):

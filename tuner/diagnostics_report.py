@@ -31,12 +31,22 @@ def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str
     return table
 
 
+def describe_integers(entry: dict[str, Any]) -> str:
+    """``token_embedding (TokenEmbedding) receives integer-valued floats up to 4999``"""
+    return (f"{entry['layer']} ({entry['class']}) receives integer-valued floats up to "
+            f"{entry['max']:.0f}")
+
+
 def conclusions(diagnostics: dict[str, Any]) -> list[str]:
     scale = diagnostics["loss_scale"]
     lines = []
     candidates = diagnostics["candidates"]
     lines.append("float32 placement candidates (riskiest first): "
                  + (", ".join(candidates[:8]) if candidates else "none: every layer fits float16"))
+    for entry in diagnostics.get("integer_inputs", []):
+        lines.append(f"{describe_integers(entry)}: bfloat16 holds integers exactly only up to "
+                     "256, float16 up to 2048, so a 16-bit config must keep "
+                     f"{entry['layer']} in float32 (or feed it int32)")
     lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
                  f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
                  + ("it lifts the smallest gradients out of float16's subnormal range)"

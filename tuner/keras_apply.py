@@ -426,14 +426,15 @@ def _runs_a_graph(layer: keras.layers.Layer) -> bool:
 
 @contextlib.contextmanager
 def hook_layer_calls(before=None, after=None, around=None) -> Iterator[None]:
-    """Run ``before(layer)`` ahead of, and ``after(layer, output)`` behind, every Keras layer
-    call inside the block (the model's own call included), and the call itself inside the
-    context manager ``around(layer)``; restored on exit."""
+    """Run ``before(layer, args, kwargs)`` ahead of (with the call's arguments, before Keras
+    casts them), and ``after(layer, output)`` behind, every Keras layer call inside the block
+    (the model's own call included), and the call itself inside the context manager
+    ``around(layer)``; restored on exit."""
     original_call = keras.layers.Layer.__call__
 
     def call(layer, *args, **kwargs):
         if before is not None:
-            before(layer)
+            before(layer, args, kwargs)
         with around(layer) if around is not None else contextlib.nullcontext():
             output = original_call(layer, *args, **kwargs)
         if after is not None:

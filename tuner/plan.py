@@ -68,6 +68,8 @@ class RunPlan:
     # Which layers each float32 group and pattern selects in the model (from the task check);
     # None until the plan is fitted to the model.
     matches: dict[str, Any] | None = None
+    # Layers that take integer-valued floats (from diagnostics): every trial checks them.
+    integer_inputs: tuple[dict[str, Any], ...] = ()
 
     @property
     def warmup_steps(self) -> int:
@@ -98,7 +100,8 @@ class RunPlan:
         space = self.space.with_diagnostics(diagnostics["candidates"],
                                             diagnostics["loss_scale"]["initial_scale"])
         trials = space.size() if self.exhaustive else self.trials
-        return dataclasses.replace(self, space=space, trials=trials)
+        return dataclasses.replace(self, space=space, trials=trials,
+                                   integer_inputs=tuple(diagnostics.get("integer_inputs", ())))
 
 
 def space_ref(space: str) -> str:

@@ -182,10 +182,17 @@ def tell(study, trial, row) -> None:
         study.tell(trial, median)
 
 
+# Failures that keeping the named layer in float32 can cure.
+REPAIRABLE = (FailureClass.DTYPE_MISMATCH, FailureClass.INTEGER_ROUNDING,
+              FailureClass.INDEX_OUT_OF_RANGE, FailureClass.NUMERIC_CHECK)
+
+
 def repair_for(row) -> PrecisionConfig | None:
-    """A dtype mismatch that names its layer: that layer in float32 is worth one trial."""
+    """A failure that names its layer and that float32 can cure (a dtype mismatch, integers
+    rounded, an index pushed out of range, a numerics check): that layer in float32 is worth
+    one trial."""
     layer = row.result.failure_layer
-    if (row.result.failure_class is not FailureClass.DTYPE_MISMATCH or not layer
+    if (row.result.failure_class not in REPAIRABLE or not layer
             or layer in row.config.float32.layers or row.config.policy == "float32"):
         return None
     placement = Float32Placement(row.config.float32.groups, row.config.float32.layers + (layer,))

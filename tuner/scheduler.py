@@ -35,7 +35,8 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
               stop_if_slower_than_ms: float | None = None) -> TrialSpec:
     return TrialSpec(number=number, task_path=str(plan.task_path), config=config.to_dict(),
                      steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
-                     stop_if_slower_than_ms=stop_if_slower_than_ms)
+                     stop_if_slower_than_ms=stop_if_slower_than_ms,
+                     integer_inputs=[dict(entry) for entry in plan.integer_inputs])
 
 
 class Scheduler:

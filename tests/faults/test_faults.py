@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.records import read_trials
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -31,7 +32,7 @@ def run(args, fault_name="none", timeout=600):
 
 
 def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "trials.jsonl").read_text().splitlines()]
+    return read_trials(run_dir, "trials.jsonl")
 
 
 def mlflow_trial_runs(run_dir):
@@ -56,7 +57,7 @@ def test_a_fault_inside_a_trial_fails_that_trial_only(tmp_path, fault, fault_nam
     run_dir = tmp_path / "run"
     completed = run(command(run_dir, "--executor", executor, "--time-limit", "20"), fault_name)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
-    trials = json.loads((run_dir / "trials.json").read_text())
+    trials = read_trials(run_dir)
     fault["lost"] = 2 - len(trials)
     assert [t["verdict"] for t in trials] == ["stable", "failed"]
     assert trials[1]["result"]["failure_class"] == failure_class

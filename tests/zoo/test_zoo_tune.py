@@ -6,10 +6,10 @@ remeasure) on one local worker shared by all models, on the quick space without 
 CPU emulates float16 (70-400x slower), which would only make the suite slow.
 """
 
-import json
 from pathlib import Path
 
 import pytest
+from tests.records import read_trials
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2))
     summary = tune(plan, executor, diagnostics=diagnostics, task_info=info)
 
-    trials = json.loads((plan.run_dir / "trials.json").read_text())
+    trials = read_trials(plan.run_dir)
     assert [t["config"]["policy"] for t in trials][:1] == ["float32"]
     assert len(trials) == 2 and trials[0]["verdict"] == "stable", trials[0]["reason"]
     assert trials[1]["config"]["policy"] == "mixed_bfloat16"
@@ -65,6 +65,11 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     assert best == summary.best_config
     low, high = best.provenance["speedup_interval"]
     assert low <= best.provenance["speedup_vs_float32"] <= high
+    if name == "float_token_ids":  # token ids as floats, vocabulary 5000: never rounded
+        assert diagnostics["integer_inputs"][0]["layer"] == "token_embedding"
+        assert best.policy == "float32" or "token_embedding" in best.float32.layers
+        rounded = [t for t in trials if t["result"]["failure_class"] == "integer_rounding"]
+        assert all("token_embedding" not in t["config"]["float32"]["layers"] for t in rounded)
     # The exported config names only placements that select a layer of this model.
     for group in best.float32.groups:
         assert info["float32_matches"]["groups"][group]

@@ -6,7 +6,8 @@ its largest magnitude; the fraction of values that would overflow float16 (> 655
 fraction of non-zero values that would underflow float16 (flush to zero below 2^-24, or lose
 precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
 From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
-loss scale. Plain data out (``diagnose_task`` returns a dict).
+loss scale. Layers that receive float tensors carrying integers beyond 16-bit's exact range
+(``integer_inputs``, see tuner.worker.integer_inputs) are candidates ahead of all others. Plain data out (``diagnose_task`` returns a dict).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     import tensorflow as tf
 
     from tuner.keras_apply import call_path, hook_layer_calls
+    from tuner.worker.integer_inputs import integer_inputs_of
     from tuner.worker.task_loader import fixed_batches, load_task
     from tuner.worker.trial import reset_keras_state
 
@@ -104,6 +106,10 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     captured: list[tuple[str, Any, Any]] = []
+    integer_inputs: dict[str, dict[str, Any]] = {}
+
+    def inputs(layer, args, kwargs) -> None:
+        integer_inputs_of(layer, call_path(layer), args, kwargs, integer_inputs)
 
     def capture(layer, output) -> None:
         if not isinstance(layer, keras.Model):
@@ -116,7 +122,7 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
         batch = batches[step % len(batches)]
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         captured.clear()
-        with hook_layer_calls(after=capture), tf.GradientTape() as tape:
+        with hook_layer_calls(before=inputs, after=capture), tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
         tensors = [tensor for _, _, tensor in captured]
@@ -147,7 +153,10 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
     ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
                     key=lambda layer: layer["risk"], reverse=True)
+    # Layers that take integers as floats come first: 16-bit rounding corrupts them silently.
+    candidates = list(integer_inputs) + [layer["layer"] for layer in ranked
+                                         if layer["layer"] not in integer_inputs]
     return {"task": str(task.path), "steps": steps, "layers": layers,
-            "candidates": [layer["layer"] for layer in ranked],
+            "candidates": candidates, "integer_inputs": list(integer_inputs.values()),
             "loss_scale": recommend_loss_scale(grad_max, grad_p01),
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}

@@ -192,7 +192,7 @@ def classify(exc: BaseException, *, stage: str,
         return (FailureClass.NUMERIC_CHECK,
                 f"non-finite values caught by a numerics check{where}: {reading.message}{at}; "
                 f"fix: {keep}, or a loss scale", layer)
-    message = f"{type(exc).__name__}{where}: {reading.message}{at}"
     if stage == "task":
-        return FailureClass.TASK_ERROR, message, layer
-    return FailureClass.OTHER, message, layer
+        return (FailureClass.TASK_ERROR, f"the task's own code raised {type(exc).__name__}"
+                f"{where}: {reading.message}{at}", layer)
+    return FailureClass.OTHER, f"{type(exc).__name__}{where}: {reading.message}{at}", layer

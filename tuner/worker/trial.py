@@ -65,6 +65,13 @@ def _run(spec: TrialSpec) -> TrialResult:
         memory.start()
         with config.scope():
             model = task.build_model()
+            stage = "check"
+            rounding = _integer_rounding(model, batches[0], spec)
+            if rounding is not None:
+                result = TrialResult.failed(spec.number, FailureClass.INTEGER_ROUNDING,
+                                            rounding[1], rounding[0],
+                                            warmup_steps=spec.warmup_steps, node=result.node)
+                return result
             stage = "compile"
             optimizer = _compile(model, task, config)
             result.batch_size = batch_size_of(batches[0][0])
@@ -94,6 +101,18 @@ def _run(spec: TrialSpec) -> TrialResult:
         model = optimizer = None  # noqa: F841 - release before the next trial
         gc.collect()
     return result
+
+
+def _integer_rounding(model, first_batch, spec: TrialSpec) -> tuple[str, str] | None:
+    """(layer, reason) when this config rounds the integer-valued floats a layer takes."""
+    if not spec.integer_inputs:
+        return None
+    import keras
+
+    from tuner.worker.integer_inputs import rounding_of
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
+    return rounding_of(model, x, spec.integer_inputs)
 
 
 def _layer_paths(model) -> list[str]:
