@@ -84,7 +84,18 @@ def tune(task: Path, space: str, run_dir: Path, *extra: str) -> dict:
     run = json.loads((run_dir / "run.json").read_text())
     client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
     metrics = client.get_run(run["parent_run_id"]).data.metrics
+    timing = json.loads((run_dir / "timing.json").read_text())
+    workers = timing["workers"].values()
+    breakdown = next((line for line in completed.stdout.splitlines()
+                      if line.startswith("where the time went")), "")
     return {"wall_s": round(wall_s, 2), "tuner_wall_s": round(metrics["wall_s"], 2),
+            # The share of the job's own wall time spent neither training nor tracing.
+            "outside_share": round(1 - (metrics["train_s"] + metrics.get("trace_s", 0.0))
+                                   / metrics["wall_s"], 4),
+            "traces": sum(w["traces"] for w in workers),
+            "distinct_configs": len({json.dumps(strip(t["config"]), sort_keys=True)
+                                     for t in trials}),
+            "timing": timing, "breakdown": breakdown,
             "train_s": round(metrics["train_s"], 2),
             "trace_s": round(metrics.get("trace_s", 0.0), 2), "trials": len(trials),
             "stable_trials": sum(t["verdict"] == "stable" for t in trials),
@@ -182,6 +193,10 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
     tuned = tune(task, space, work / f"{name}-tuner")
     print(f"[{name}] tuner: {tuned['trials']} trials in {tuned['wall_s']:.0f} s; pick "
           f"{describe(tuned['best'])}", flush=True)
+    print(f"[{name}] tuner {tuned['breakdown']}", flush=True)
+    print(f"[{name}] tuner: {tuned['outside_share']:.0%} of its wall time outside training "
+          f"and tracing; {tuned['traces']} traces for {tuned['distinct_configs']} distinct "
+          "configs", flush=True)
     pick, best = strip(tuned["best"]), strip(grid["best"])
     same = pick == best
     configs = {"float32": PrecisionConfig().to_dict(), "pick": pick, "grid_best": best}

@@ -20,6 +20,28 @@ def test_summary_table_and_overhead_are_printed(tuned):
     assert "vs float32" in stdout or "no 16-bit config was both stable" in stdout
 
 
+def test_the_wall_time_is_broken_down_where_users_look(tuned):
+    run_dir, _, stdout = tuned
+    line = next(line for line in stdout.splitlines() if line.startswith("where the time went"))
+    for phase in ("start-up", "task check", "ceiling probe", "diagnostics", "trials",
+                  "re-measurement", "records and plots", "other"):
+        assert f"{phase} " in line, phase
+    assert "device ceiling: bfloat16" in stdout
+    timing = json.loads((run_dir / "timing.json").read_text())
+    phases = timing["phases"]
+    # Measured phases never add up to more than the wall time; the rest is named "other".
+    assert sum(phases.values()) + timing["other_s"] == pytest.approx(timing["wall_s"], rel=1e-6)
+    assert all(seconds >= 0 for seconds in phases.values())
+    search = timing["workers"]["trials"]
+    trials = read_trials(run_dir)
+    assert search["runs"] == len(trials)
+    assert search["trace_s"] == pytest.approx(sum(t["time_s"]["trace"] for t in trials))
+    assert search["record_s"] == pytest.approx(sum(t["time_s"]["record"] for t in trials))
+    assert all(t["time_s"]["record"] > 0 and t["time_s"]["build"] > 0 for t in trials)
+    assert timing["workers"]["re-measurement"]["runs"] >= 1 or \
+        "nothing to re-measure" in stdout
+
+
 def test_best_config_is_written_and_loadable(tuned):
     from tuner import PrecisionConfig
 
@@ -49,6 +71,9 @@ def test_mlflow_has_parent_and_child_runs_with_metrics(tuned):
     assert parent.info.status == "FINISHED"
     assert "best_speedup_vs_float32" in parent.data.metrics
     assert "outside_training_fraction" in parent.data.metrics
+    for key in ("time_start_up_s", "time_trials_s", "time_trials_build_s",
+                "time_re_measurement_trace_s", "time_records_and_plots_s", "ceiling_bfloat16"):
+        assert key in parent.data.metrics, key
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"best_precision.json", "summary.md", "diagnostics.json", "plots"} <= artifacts
     plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
@@ -143,7 +168,8 @@ def test_export_writes_yaml(tuned, tmp_path):
 
 def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
     space = tmp_path / "three.yaml"
-    space.write_text("policies: [float32, mixed_bfloat16]\nfloat32:\n  groups: [softmax]\n"
+    space.write_text("policies: [float32, mixed_float16, mixed_bfloat16]\n"
+                     "loss_scale: {kinds: [dynamic]}\nfloat32:\n  groups: [softmax]\n"
                      "trials: 1\ntrial:\n  steps: 9\n  warmup_steps: 2\n")
     run_dir = tmp_path / "run"
     completed = subprocess.run(
@@ -151,10 +177,18 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
          str(space), "--exhaustive", "--executor", "local", "--run-dir", str(run_dir), "--out",
          str(tmp_path / "best.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    assert "exhaustive: 3 distinct configs" in completed.stdout
+    run = json.loads((run_dir / "run.json").read_text())
+    # The device's ceiling decides whether float16 can win here (on a CPU without fast float16
+    # it runs a training step ~100x slower): then its policy is skipped, with a line saying so.
+    skipped = run["ceiling"]["speed"]["float16"] < 0.5
+    assert run["skipped_policies"] == (["mixed_float16"] if skipped else [])
+    assert ("space: skipping mixed_float16: float16 runs a dense layer's training step at"
+            in completed.stdout) == skipped
+    policies = ["mixed_bfloat16"] + ([] if skipped else ["mixed_float16"])
+    expected = {("float32", ())} | {(p, g) for p in policies for g in ((), ("softmax",))}
+    assert f"exhaustive: {len(expected)} distinct configs" in completed.stdout
     trials = read_trials(run_dir)
     seen = {(t["config"]["policy"], tuple(t["config"]["float32"]["groups"])) for t in trials}
-    assert len(trials) == 3  # more than the space's `trials: 1`, and no config twice
-    assert seen == {("float32", ()), ("mixed_bfloat16", ()), ("mixed_bfloat16", ("softmax",))}
-    run = json.loads((run_dir / "run.json").read_text())
-    assert run["exhaustive"] is True and run["trials"] == 3
+    assert len(trials) == len(expected)  # more than the space's `trials: 1`, no config twice
+    assert seen == expected
+    assert run["exhaustive"] is True and run["trials"] == len(expected)

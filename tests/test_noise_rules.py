@@ -3,6 +3,7 @@ stopping, loss-scale floors, the run plan."""
 
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,37 @@ def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
                       exhaustive=True), None)
     assert resolve(Flags(task_path=Path("t.py"), run_dir=flags.run_dir, exhaustive=True),
                    None).trials == plan.space.size()
+
+
+# -- search-phase intervals: dropping finalists that are clearly behind ---------------------------
+def test_the_median_interval_covers_the_median_and_narrows_with_samples():
+    from tuner.noise import median_interval
+
+    rng = random.Random(3)
+    few = [rng.gauss(10.0, 1.0) for _ in range(8)]
+    many = [rng.gauss(10.0, 1.0) for _ in range(400)]
+    for samples in (few, many):
+        low, high = median_interval(samples)
+        assert low <= statistics.median(samples) <= high
+    assert median_interval(many)[1] - median_interval(many)[0] < \
+        median_interval(few)[1] - median_interval(few)[0]
+    assert median_interval([4.0]) == (4.0, 4.0)
+
+
+def test_a_finalist_is_dropped_only_when_clearly_beyond_the_run_drift():
+    from types import SimpleNamespace
+
+    from tuner.remeasure import SEARCH_DRIFT, clearly_behind
+
+    def row(number, ms, policy="mixed_bfloat16"):
+        steps = [ms * (1 + 0.01 * ((i % 5) - 2)) for i in range(20)]
+        return SimpleNamespace(number=number, config=PrecisionConfig(policy),
+                               result=SimpleNamespace(timed_steps_ms=steps))
+
+    leader, near, far = row(1, 10.0), row(2, 10.0 * SEARCH_DRIFT * 0.98), row(3, 20.0)
+    scheduler = SimpleNamespace(best_stable=lambda: leader)
+    kept, notes = clearly_behind(scheduler, [leader, near, far])
+    assert kept == [leader, near]
+    (note,) = notes
+    assert note.startswith("dropped #3 (mixed_bfloat16) before the re-measurement") \
+        and "#1's" in note and "15% drift" in note

@@ -18,7 +18,8 @@ BIN = Path(sys.executable).parent
 
 
 def tune(*args, env=None, **popen):
-    command = [sys.executable, "-m", "tuner", "tune", *args]
+    # float16 too, as on a device with fast float16: these tests count trials per config.
+    command = [sys.executable, "-m", "tuner", "tune", *args, "--keep-slow-policies"]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                             **popen)

@@ -122,6 +122,10 @@ def _add_tune(commands) -> None:
                       help="a 16-bit config is picked only when the lower end of its speedup "
                            "interval beats float32 by this much; otherwise float32 (a tie goes "
                            "to the simpler config) [default: %(default)s, i.e. 3%%]")
+    tune.add_argument("--keep-slow-policies", action="store_true",
+                      help="also try policies whose 16-bit dtype runs a dense layer's training "
+                           "step at under half float32's speed on the trial device (float16 on "
+                           "most CPUs); by default they are skipped, with a line saying so")
 
 
 def _add_other_commands(commands) -> None:
@@ -208,6 +212,7 @@ def _tune(args) -> int:
     from tuner.report import print_summary
     from tuner.run_store import RunStore
     from tuner.task_file import check_task_file
+    from tuner.timing import TimeBreakdown
 
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -236,7 +241,8 @@ def _tune(args) -> int:
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
     with _executor(args, console) as executor:
-        plan, task_info, diagnostics = _fit_to_model(executor, plan, console)
+        clock = TimeBreakdown()
+        plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock, started)
         if plan.exhaustive:
             console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
         done = len(store.read_trials())
@@ -246,7 +252,7 @@ def _tune(args) -> int:
 
         with LiveProgress(console, plan.trials, done) as progress:
             summary = tune(plan, executor, progress, task_info, started=started,
-                           diagnostics=diagnostics)
+                           diagnostics=diagnostics, clock=clock)
         if isinstance(executor, LocalProcessExecutor):
             _copy_log(executor.log_path, run_dir / "worker.log")
     print_summary(summary, console)
@@ -258,18 +264,31 @@ def _tune(args) -> int:
     return 0
 
 
-def _fit_to_model(executor, plan, console):
-    """Check the task in the worker, fit the space to the model's layers, run diagnostics."""
+def _fit_to_model(executor, plan, console, clock, started: float):
+    """Check the task in the worker, fit the space to the model's layers, run diagnostics.
+    Times the start-up (until the worker began the check), the check and the diagnostics."""
     from tuner.diagnostics_report import conclusions
+    from tuner.timing import describe_ceiling
 
     console.print("starting the TensorFlow worker and checking the task...")
-    task_info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers)
+    task_info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers,
+                               ceiling=True)
+    check_s, ceiling_s = task_info.get("probe_s", 0.0), task_info.get("ceiling_s", 0.0)
+    clock.add("start-up", time.perf_counter() - started - check_s - ceiling_s)
+    clock.add("task check", check_s)
+    clock.add("ceiling probe", ceiling_s)
     console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                   f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+    if "ceiling" in task_info:
+        console.print(f"ceiling: {describe_ceiling(task_info['ceiling'])}", markup=False)
+    plan, skipped = plan.within_ceiling(task_info.get("ceiling"))
+    for note in skipped:
+        console.print(f"space: {note}", markup=False)
     plan, notes = plan.fitted_to(task_info["float32_matches"])
     for note in notes:
         console.print(f"space: {note}", markup=False)
-    diagnostics = executor.diagnose(str(plan.task_path), 3)
+    with clock.phase("diagnostics"):
+        diagnostics = executor.diagnose(str(plan.task_path), 3)
     for line in conclusions(diagnostics):
         console.print(f"diagnostics: {line}", markup=False)
     return plan.with_diagnostics(diagnostics), task_info, diagnostics
@@ -282,7 +301,7 @@ def _flags(args, task_path: Path):
                  steps=args.steps, seed=args.seed, tolerance=args.tolerance,
                  exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
                  finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
-                 min_gain=args.min_gain)
+                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies)
 
 
 def _check_out(out: Path, force: bool) -> None:

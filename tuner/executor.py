@@ -29,7 +29,9 @@ from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 
 
 class ExclusiveSession(Protocol):
-    """Runs specs one after another on a worker that has its node to itself."""
+    """Runs specs one after another on a worker that has its node to itself. Each config's
+    model is built and traced on its first run and kept alive: a later run of the same config
+    trains ``spec.steps`` more steps of it (``tuner.worker.live``)."""
 
     exclusive_timing: bool  # False when no node could be reserved: the timings were shared
 
@@ -42,7 +44,7 @@ class Executor(Protocol):
     @property
     def slots(self) -> int: ...
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = ...) -> dict: ...
+              timeout_s: float = ..., ceiling: bool = ...) -> dict: ...
     def diagnose(self, task_path: str, steps: int = ..., timeout_s: float = ...) -> dict: ...
     def in_flight(self) -> int: ...
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None: ...
@@ -82,10 +84,22 @@ def _run_trial(spec_dict: dict) -> dict:
     return run_trial(spec_dict)
 
 
-def _probe(task_path: str, steps: int, patterns: list[str]) -> dict:
+def _run_live(spec_dict: dict) -> dict:
+    from tuner.worker.live import run_live
+
+    return run_live(spec_dict)
+
+
+def _release_live() -> int:
+    from tuner.worker.live import release
+
+    return release()
+
+
+def _probe(task_path: str, steps: int, patterns: list[str], ceiling: bool) -> dict:
     from tuner.worker.probe import probe_task
 
-    return probe_task(task_path, steps, patterns)
+    return probe_task(task_path, steps, patterns, ceiling)
 
 
 def _diagnose(task_path: str, steps: int) -> dict:
@@ -134,11 +148,12 @@ class LocalProcessExecutor:
             raise TrialInfrastructureError(f"{what} failed: {first_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = 600.0) -> dict:
+              timeout_s: float = 600.0, ceiling: bool = False) -> dict:
         """Run the task-file checks that need TensorFlow; raises TaskError on a bad task.
-        Also reports which layers each float32 group and each of ``patterns`` selects."""
+        Also reports which layers each float32 group and each of ``patterns`` selects, and
+        with ``ceiling`` each precision's speed on the worker's device."""
         return self._call("checking the task", _probe, task_path, steps, list(patterns),
-                          timeout_s=timeout_s)
+                          ceiling, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
@@ -160,13 +175,18 @@ class LocalProcessExecutor:
         return [self.run(spec, limit)]
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator["LocalProcessExecutor"]:
-        yield self  # one worker, one trial at a time: always exclusive
+    def exclusive(self) -> Iterator["_LocalSession"]:
+        """One worker, one trial at a time: always exclusive. The session's live models (the
+        float32 baseline's among them) are released when it ends."""
+        try:
+            yield _LocalSession(self)
+        finally:
+            if self._pool is not None:
+                with contextlib.suppress(Exception):
+                    self._pool.submit(_release_live).result(timeout=60)
 
-    exclusive_timing = True
-
-    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
-        future = self._ensure_pool().submit(_run_trial, spec.to_dict())
+    def run(self, spec: TrialSpec, time_limit_s: float, function=_run_trial) -> TrialResult:
+        future = self._ensure_pool().submit(function, spec.to_dict())
         try:
             return TrialResult.from_dict(future.result(timeout=time_limit_s))
         except concurrent.futures.TimeoutError:
@@ -205,3 +225,15 @@ class LocalProcessExecutor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class _LocalSession:
+    """The local worker's exclusive session: each config on a model the worker keeps alive."""
+
+    exclusive_timing = True
+
+    def __init__(self, executor: LocalProcessExecutor) -> None:
+        self._executor = executor
+
+    def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
+        return self._executor.run(spec, time_limit_s, function=_run_live)

@@ -25,6 +25,7 @@ from tuner.results import Progress, TrialRow, TuneSummary, row_record
 from tuner.run_store import RunStore, write_atomic
 from tuner.scheduler import Scheduler
 from tuner.space import effective_placement, placed_layers
+from tuner.timing import TimeBreakdown
 
 
 def machine_description() -> str:
@@ -65,31 +66,40 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
 class _Records:
     """Each trial in MLflow (a child run, opened when it starts) and in trials.jsonl."""
 
-    def __init__(self, tracker, store: RunStore, matches: dict[str, Any] | None) -> None:
+    def __init__(self, tracker, store: RunStore, matches: dict[str, Any] | None,
+                 clock: TimeBreakdown) -> None:
         self.tracker = tracker
         self.matches = matches
         self.store = store
+        self.clock = clock
         self.open_runs: dict[int, str] = {}
+        self._start_s: dict[int, float] = {}   # time spent opening each trial's records
 
     def trial_started(self, number: int, config: PrecisionConfig, optuna_number: int | None,
                       repair: bool) -> None:
+        began = time.perf_counter()
         placed = placed_layers(config, self.matches) if self.matches is not None else None
         self.open_runs[number] = self.tracker.start_trial(
             number=number, config=config, optuna_number=optuna_number,
             purpose="repair" if repair else "search", placed=placed)
+        self._start_s[number] = time.perf_counter() - began
 
     def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None:
+        began = time.perf_counter()
         row.run_id = self.open_runs.pop(row.number)
         if self.matches is not None:
             row.placed = placed_layers(row.config, self.matches)
         self.tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                judgement=row.judgement, baseline_ms=baseline_ms)
+        row.record_s = self._start_s.pop(row.number, 0.0) + time.perf_counter() - began
         if row.number == 0 and not row.judgement.stable:
             return  # the job ends here; a resume must start from a good baseline
         self.store.append_trial(row_record(row))
+        self.clock.workers["trials"].record_s += row.record_s
 
 
-def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory) -> tuple[Any, Scheduler]:
+def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
+          task_info: dict[str, Any]) -> tuple[Any, Scheduler]:
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
@@ -106,7 +116,8 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory) -> tuple[A
         params={**plan.settings(), "slow_factor": plan.slow_factor,
                 "finalists": plan.finalists},
         tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description()})
-    store.write_run({**plan.settings(), "study_name": study_name, "parent_run_id": parent_id,
+    store.write_run({**plan.settings(), "ceiling": task_info.get("ceiling"),
+                     "study_name": study_name, "parent_run_id": parent_id,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
                      .isoformat(timespec="seconds")})
@@ -115,37 +126,41 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory) -> tuple[A
 
 def tune(plan: RunPlan, executor, progress: Progress | None = None,
          task_info: dict[str, Any] | None = None, started: float | None = None,
-         diagnostics: dict[str, Any] | None = None) -> TuneSummary:
+         diagnostics: dict[str, Any] | None = None,
+         clock: TimeBreakdown | None = None) -> TuneSummary:
     """Run (or resume) a whole tuning job; the caller has validated input and resolved the
     plan (already informed by ``diagnostics``, which are recorded here). ``started`` (a
-    ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time.
+    ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time,
+    and ``clock`` the phases it timed (start-up, task check, diagnostics).
     """
     from tuner.tracking import Tracker, default_tracking_uri
 
     started = time.perf_counter() if started is None else started
     task_info = task_info or {}
+    clock = clock or TimeBreakdown()
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(plan.run_dir)
     if diagnostics is not None:
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
     tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
-    records = _Records(tracker, store, plan.matches)
+    records = _Records(tracker, store, plan.matches, clock)
 
     def scheduler_factory(study, requeued) -> Scheduler:
         proposer = Proposer(plan.space, study, enumerate_space=plan.enumerates_space,
                             requeued=requeued, matches=plan.matches)
-        return Scheduler(plan, executor, proposer, records, progress)
+        return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler = _open(plan, tracker, store, scheduler_factory)
+    _, scheduler = _open(plan, tracker, store, scheduler_factory, task_info)
     if diagnostics is not None:
         tracker.log_diagnostics(diagnostics)
+    if task_info.get("ceiling"):
+        tracker.log_ceiling(task_info["ceiling"])
     try:
-        exhausted = scheduler.run()
-        outcome = remeasure(scheduler)
-        for row in scheduler.rows:
-            if row.remeasured_ms is not None and row.run_id:
-                tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
+        with clock.phase("trials"):
+            exhausted = scheduler.run()
+        with clock.phase("re-measurement"):
+            outcome = remeasure(scheduler)
     except KeyboardInterrupt:
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
         # re-queued by the next `tune` on this run directory), and stop.
@@ -158,8 +173,19 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         tracker.client.set_terminated(tracker.parent_id, "FAILED")
         store.update_run(status="failed")
         raise
-    summary = _summary(plan, scheduler, outcome, exhausted, started, tracker, task_info)
-    _close_records(plan, summary, scheduler, tracker, store, diagnostics)
+    with clock.phase("records and plots"):
+        for row in scheduler.rows:
+            if row.remeasured_ms is not None and row.run_id:
+                tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
+        summary = _summary(plan, scheduler, outcome, exhausted, started, tracker, task_info)
+        _close_records(plan, summary, scheduler, tracker, store, diagnostics)
+    # The wall time and its breakdown include the records, so they are written last.
+    summary.wall_s, summary.breakdown = time.perf_counter() - started, clock
+    timing = clock.to_dict(summary.wall_s)
+    write_atomic(plan.run_dir / "timing.json", json.dumps(timing, indent=1))
+    tracker.log_timing({**clock.metrics(summary.wall_s), "wall_s": summary.wall_s,
+                        "outside_training_fraction": summary.outside_training_fraction},
+                       timing)
     return summary
 
 

@@ -91,6 +91,19 @@ def median(values: Sequence[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def median_interval(samples: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free ~95% interval for the median of ``samples``: the order statistics
+    ranked n/2 -+ z*sqrt(n)/2 (the binomial's normal approximation)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no samples")
+    half = z * math.sqrt(n) / 2.0
+    low = max(0, math.floor(n / 2.0 - half))
+    high = min(n - 1, math.ceil(n / 2.0 + half) - 1)
+    return ordered[low], ordered[max(low, high)]
+
+
 def t_quantile(dof: int) -> float:
     """The two-sided 95% Student-t quantile for ``dof`` degrees of freedom."""
     if dof < 1:

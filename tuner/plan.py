@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.config import compute_dtype_of
 from tuner.decision import DEFAULT_MIN_GAIN
 from tuner.errors import UsageError
 from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
 from tuner.space_yaml import looks_like_path
+from tuner.timing import CANNOT_WIN_BELOW
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Flags:
     finalists: int = 3
     trial_time_limit_s: float = 900.0
     min_gain: float = DEFAULT_MIN_GAIN
+    keep_slow_policies: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class RunPlan:
     matches: dict[str, Any] | None = None
     # Layers that take integer-valued floats (from diagnostics): every trial checks them.
     integer_inputs: tuple[dict[str, Any], ...] = ()
+    keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
+    # Policies left out because the device's ceiling says they cannot win; None until decided
+    # (a resumed run keeps what its run decided).
+    skipped_policies: tuple[str, ...] | None = None
 
     @property
     def warmup_steps(self) -> int:
@@ -85,7 +92,8 @@ class RunPlan:
         """What run.json records (and a resumed run is held to)."""
         return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
-                "exhaustive": self.exhaustive, "min_gain": self.min_gain}
+                "exhaustive": self.exhaustive, "min_gain": self.min_gain,
+                "skipped_policies": list(self.skipped_policies or ())}
 
     def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
         """The plan over the space fitted to the model: float32 groups that select no layer
@@ -94,6 +102,31 @@ class RunPlan:
         space, notes = self.space.fitted(matches)
         trials = space.size() if self.exhaustive else self.trials
         return dataclasses.replace(self, space=space, trials=trials, matches=matches), notes
+
+    def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
+        """The plan without the policies whose compute dtype the device's ceiling says cannot
+        beat float32 (``tuner.worker.ceiling``), one line each; a resumed run leaves out what
+        it left out before. ``keep_slow_policies`` keeps them all."""
+        if self.skipped_policies is not None:
+            skipped, notes = self.skipped_policies, []
+        elif self.keep_slow_policies or not ceiling:
+            skipped, notes = (), []
+        else:
+            slow = {dtype: speed for dtype, speed in ceiling["speed"].items()
+                    if speed < CANNOT_WIN_BELOW}
+            skipped = tuple(p for p in self.space.policies if p != "float32"
+                            and compute_dtype_of(p) in slow)
+            notes = [f"skipping {', '.join(p for p in skipped if compute_dtype_of(p) == dtype)}: "
+                     f"{dtype} runs a dense layer's training step at {speed:.2g}x float32's "
+                     f"speed on {ceiling['device']}, so it cannot win here (pass "
+                     "--keep-slow-policies to try it anyway)"
+                     for dtype, speed in slow.items()
+                     if any(compute_dtype_of(p) == dtype for p in skipped)]
+        space = dataclasses.replace(self.space, policies=tuple(
+            p for p in self.space.policies if p not in skipped))
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(self, space=space, trials=trials,
+                                   skipped_policies=tuple(skipped)), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""
@@ -142,7 +175,9 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         or space.budget.min_loss_decrease_ratio,
         exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
         finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
-        min_gain=recorded.get("min_gain", flags.min_gain))
+        min_gain=recorded.get("min_gain", flags.min_gain),
+        keep_slow_policies=flags.keep_slow_policies,
+        skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None)
 
 
 def _check_resume(previous: dict[str, Any], flags: Flags) -> None:

@@ -63,6 +63,13 @@ def _trial_actor_class():
             result["node"] = self._node
             return result
 
+        def run_live(self, spec_dict: dict) -> dict:
+            from tuner.worker.live import run_live
+
+            result = run_live(spec_dict)
+            result["node"] = self._node
+            return result
+
         def diagnose(self, task_path: str, task_source: str, steps: int) -> dict:
             from tuner.worker.diagnose import diagnose_task
             from tuner.worker.task_loader import task_file_here
@@ -70,11 +77,11 @@ def _trial_actor_class():
             return diagnose_task(task_file_here(task_path, task_source), steps)
 
         def probe(self, task_path: str, task_source: str, steps: int,
-                  patterns: list[str]) -> dict:
+                  patterns: list[str], ceiling: bool) -> dict:
             from tuner.worker.task_loader import task_file_here
             from tuner.worker.probe import probe_task
 
-            return probe_task(task_file_here(task_path, task_source), steps, patterns)
+            return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling)
 
     return TrialActor
 
@@ -191,9 +198,9 @@ class RayExecutor:
                                            f"{first_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = 600.0) -> dict:
+              timeout_s: float = 600.0, ceiling: bool = False) -> dict:
         return self._call("checking the task", "probe", task_path, self._source(task_path),
-                          steps, list(patterns), timeout_s=timeout_s)
+                          steps, list(patterns), ceiling, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         return self._call("diagnostics", "diagnose", task_path, self._source(task_path), steps,
@@ -336,8 +343,9 @@ class RayExecutor:
 
 
 class _ExclusiveSession:
-    """Runs specs one at a time on one actor; a crashed or hung actor is replaced by a fresh
-    one (in the same reservation) and the session goes on."""
+    """Runs specs one at a time on one actor, each config on a model the actor keeps alive
+    (``tuner.worker.live``); a crashed or hung actor is replaced by a fresh one (in the same
+    reservation) and the session goes on. Closing it replaces the actor, models and all."""
 
     def __init__(self, executor: RayExecutor, group, bundle: dict[str, float]) -> None:
         self._executor = executor
@@ -366,7 +374,7 @@ class _ExclusiveSession:
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         executor = self._executor
         slot = self._ensure_actor()
-        slot.ref = slot.actor.run.remote(executor._with_source(spec))
+        slot.ref = slot.actor.run_live.remote(executor._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
         slot.overlapped = not self.exclusive_timing
         (result,) = executor.wait_any()

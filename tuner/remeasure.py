@@ -3,7 +3,11 @@
 Search-phase medians only screen (one run each, possibly beside another trial). Here:
 
 - The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
-  to itself (``executor.exclusive()``).
+  to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
+  the leader's (by more than a run's drift) is dropped first, with a line saying so.
+- Each config's model is built and traced once, on its first run, and kept alive in the
+  worker: every later run trains it on (``tuner.worker.live``). The float32 baseline trial
+  leaves its model there, so float32 is not rebuilt where the session runs in its worker.
 - A warm-up run of float32 comes first and is discarded: the first run on a fresh worker pays
   for thread pools, the allocator and cold caches, and a config that always ran first was
   measured up to 46% slow because of it.
@@ -13,8 +17,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   and rounds stop once the decision is clear (every interval below float32 + ``min_gain``, or a
   single finalist left whose interval clears it), or the leader's interval is within
   ``target_half_width``, or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
-- A run that fails (crash, timeout, unstable) drops that finalist, named in the notes; the
-  session continues on a fresh worker.
+- A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
+  the session continues on a fresh worker (which builds its models again).
 
 The winner is then decided by ``tuner.decision.decide`` on the intervals.
 """
@@ -26,9 +30,17 @@ from dataclasses import dataclass, field
 
 from tuner.decision import Candidate, Decision, decide
 from tuner.errors import TunerError
-from tuner.noise import PooledNoise, SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
+from tuner.noise import (PooledNoise, SpeedupEstimate, median_interval, round_log_ratios,
+                         speedup_from_log_ratios)
 from tuner.results import TrialRow
 from tuner.scheduler import Scheduler, make_spec
+from tuner.trial_types import TrialOutcome, TrialResult
+
+
+# How far one config's search-phase median drifts from run to run (float32 against itself
+# measured 0.965-1.133 on this project's 2-core machine): a finalist is dropped before the
+# re-measurement only when its median is clearly beyond the leader's by more than this.
+SEARCH_DRIFT = 1.15
 
 
 @dataclass
@@ -44,16 +56,52 @@ def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
     return stable[:scheduler.plan.finalists]
 
 
+def clearly_behind(scheduler: Scheduler,
+                   finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
+    """The finalists worth re-measuring, and a line for each one dropped because even the
+    fast end of its search-phase median's interval is beyond the leader's slow end by more
+    than a run's drift (``SEARCH_DRIFT``): one run each cannot say more, and re-timing it
+    would only spend the budget."""
+    leader = scheduler.best_stable()
+    if leader is None or not leader.result.timed_steps_ms:
+        return finalists, []
+    leader_low, leader_high = median_interval(leader.result.timed_steps_ms)
+    kept, notes = [], []
+    for row in finalists:
+        low, high = median_interval(row.result.timed_steps_ms)
+        if row is not leader and low > leader_high * SEARCH_DRIFT:
+            notes.append(f"dropped #{row.number} ({row.config.describe()}) before the "
+                         f"re-measurement: its search-phase median step lies in [{low:.3g}-"
+                         f"{high:.3g}] ms, beyond #{leader.number}'s [{leader_low:.3g}-"
+                         f"{leader_high:.3g}] ms by more than a run's "
+                         f"{SEARCH_DRIFT - 1:.0%} drift")
+        else:
+            kept.append(row)
+    return kept, notes
+
+
 def remeasure(scheduler: Scheduler) -> Remeasured:
     baseline = scheduler.baseline
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
-    finalists = finalists_of(scheduler)
+    finalists, dropped = clearly_behind(scheduler, finalists_of(scheduler))
     if not finalists:
         baseline.estimate = SpeedupEstimate.identity()
+        why = ("no stable config besides float32" if not dropped else
+               "every finalist is clearly slower than float32")
         return Remeasured(baseline, decide(baseline.number, [], min_gain=scheduler.plan.min_gain),
-                          ["no stable config besides float32: nothing to re-measure"])
-    return _Rounds(scheduler, baseline, finalists).run()
+                          [f"{why}: nothing to re-measure", *dropped])
+    outcome = _Rounds(scheduler, baseline, finalists).run()
+    outcome.notes[1:1] = dropped
+    return outcome
+
+
+def _why_lost(result: TrialResult) -> str:
+    if result.outcome is TrialOutcome.FAILED:
+        return result.failure_message
+    if result.outcome is TrialOutcome.DIVERGED:
+        return f"loss non-finite at step {result.first_non_finite_step}"
+    return result.stop_reason or "no timed steps"
 
 
 class _Rounds:
@@ -91,17 +139,19 @@ class _Rounds:
         return self._decide(rounds)
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
-        """One run of ``row``'s config; its timed steps, or None when the run failed."""
+        """One run of ``row``'s config (on the model the session keeps alive for it: built and
+        traced once); its timed steps, or None when the run failed. Stability was judged in
+        the search: here a run counts unless it failed, diverged or timed nothing."""
         spec = make_spec(self.plan, row.number, row.config)
-        result = self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s))
+        result = self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
+                                        phase="re-measurement")
         if not result.exclusive_timing:
             self.shared = True
-        judgement = self.scheduler.judge(result)
-        if not judgement.stable or not result.timed_steps_ms:
+        if result.outcome is not TrialOutcome.COMPLETED or not result.timed_steps_ms:
             if row is not self.baseline:
                 self.active.remove(row)
                 self.notes.append(f"lost #{row.number} ({row.config.describe()}) in the "
-                                  f"re-measurement: {judgement.reason or 'no timed steps'}")
+                                  f"re-measurement: {_why_lost(result)}")
             return None
         return list(result.timed_steps_ms)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuner.timing import describe_ceiling
+
 if TYPE_CHECKING:
     from tuner.results import TuneSummary
 
@@ -77,6 +79,10 @@ def headline(summary: "TuneSummary") -> list[str]:
                  f"steps: {summary.outside_training_fraction:.0%} spent outside them "
                  f"({summary.trace_s:.1f} s tracing each trial's training step on its first "
                  "call; the rest TensorFlow start-up, model builds and bookkeeping)")
+    if summary.breakdown is not None:
+        lines.append(summary.breakdown.describe(summary.wall_s))
+    if summary.task_info.get("ceiling"):
+        lines.append(f"device ceiling: {describe_ceiling(summary.task_info['ceiling'])}")
     return lines
 
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from tuner.config import PrecisionConfig
 from tuner.noise import SpeedupEstimate, median
+from tuner.timing import TimeBreakdown
 from tuner.trial_types import TrialResult
 from tuner.verdict import Judgement
 
@@ -28,6 +29,7 @@ class TrialRow:
     remeasured_rounds: list[list[float]] = field(default_factory=list)  # timed steps per round
     estimate: SpeedupEstimate | None = None   # re-measured speedup vs float32, with interval
     placed: dict[str, Any] | None = None      # layers each float32 group/pattern selected
+    record_s: float = 0.0                     # the driver's time recording it (MLflow, files)
 
     @property
     def remeasured_ms(self) -> float | None:
@@ -55,6 +57,7 @@ class TuneSummary:
     tie: bool = False                   # a faster-looking config lost to a simpler one
     decision: str = ""                  # why the winner won, one line
     remeasure_notes: list[str] = field(default_factory=list)  # rounds, target, losses
+    breakdown: TimeBreakdown | None = None   # where the wall time went, phase by phase
 
     @property
     def outside_training_fraction(self) -> float:
@@ -88,4 +91,7 @@ def row_record(row: TrialRow) -> dict[str, Any]:
             "remeasured_ms": row.remeasured_ms,
             "speedup_interval": row.estimate.to_dict() if row.estimate else None,
             "run_id": row.run_id, "optuna_number": row.optuna_number, "repair": row.repair,
-            "float32_layers": row.placed}
+            "float32_layers": row.placed,
+            "time_s": {"build": row.result.setup_s, "trace": row.result.trace_s,
+                       "train": row.result.train_s, "worker": row.result.wall_s,
+                       "record": row.record_s}}

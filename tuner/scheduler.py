@@ -15,6 +15,7 @@ from tuner.errors import TunerError
 from tuner.plan import RunPlan
 from tuner.proposer import Proposal, Proposer
 from tuner.results import NoProgress, Progress, TrialRow
+from tuner.timing import TimeBreakdown
 from tuner.trial_types import TrialResult, TrialSpec
 from tuner.verdict import Judgement, judge
 
@@ -41,12 +42,13 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
 
 class Scheduler:
     def __init__(self, plan: RunPlan, executor, proposer: Proposer, records: TrialRecords,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, clock: TimeBreakdown | None = None) -> None:
         self.plan = plan
         self.executor = executor
         self.proposer = proposer
         self.records = records
         self.progress = progress or NoProgress()
+        self.clock = clock or TimeBreakdown()
         self.rows: list[TrialRow] = []
         self.pending: dict[int, Proposal] = {}
         self.train_s = 0.0
@@ -83,9 +85,11 @@ class Scheduler:
                      min_loss_decrease_ratio=self.plan.tolerance,
                      expected_steps=self.plan.steps)
 
-    def account(self, result: TrialResult) -> TrialResult:
+    def account(self, result: TrialResult, phase: str = "trials") -> TrialResult:
+        """Count a run's time: in the totals and in ``phase``'s worker time."""
         self.train_s += result.train_s
         self.trace_s += result.trace_s
+        self.clock.workers[phase].add(result)
         return result
 
     def stop_limit_ms(self) -> float | None:
@@ -147,6 +151,8 @@ class Scheduler:
                                    trial.number if trial is not None else None,
                                    proposal.is_repair)
         spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
+        # The baseline's model stays alive in its worker: the re-measurement starts from it.
+        spec.keep_live = number == 0
         self.executor.submit(spec, self.plan.trial_time_limit_s)
 
     def _finish(self, proposal: Proposal, result: TrialResult) -> None:

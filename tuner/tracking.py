@@ -121,6 +121,22 @@ class Tracker:
         self.client.log_text(self.parent_id, summary_markdown, "summary.md")
         self.client.set_terminated(self.parent_id, status)
 
+    def log_ceiling(self, ceiling: dict[str, Any]) -> None:
+        """Each precision's speed on the trial device, the limit the picks are read against."""
+        from tuner.timing import describe_ceiling
+
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, [(f"ceiling_{dtype}", speed)
+                                           for dtype, speed in ceiling["speed"].items()])
+        self.client.set_tag(self.parent_id, "ceiling", describe_ceiling(ceiling)[:5000])
+
+    def log_timing(self, metrics: dict[str, float], breakdown: dict[str, Any]) -> None:
+        """Where the job's wall time went (after the parent run closed: the records' own time
+        is part of it)."""
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, metrics.items())
+        self.client.log_dict(self.parent_id, breakdown, "timing.json")
+
     def log_plots(self, paths: list[Path]) -> None:
         assert self.parent_id is not None
         for path in paths:

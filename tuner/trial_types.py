@@ -49,6 +49,8 @@ class TrialSpec:
     # Layers that take integer-valued floats (diagnostics' ``integer_inputs``): checked for
     # 16-bit rounding before the trial trains.
     integer_inputs: list[dict[str, Any]] = field(default_factory=list)
+    # Keep the trained model alive in the worker for the re-measurement (tuner.worker.live).
+    keep_live: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,9 +20,10 @@ SPACE = str(HERE / "space.yaml")
 
 
 def command(run_dir, *extra, task=TASK, space=SPACE):
+    # float16 too, as on a device with fast float16: the kill tests count trials per config.
     return [sys.executable, "-m", "tuner", "tune", task, "--space", space,
             "--run-dir", str(run_dir), "--out", str(run_dir.parent / "best.json"), "--force",
-            *extra]
+            "--keep-slow-policies", *extra]
 
 
 def run(args, fault_name="none", timeout=600):

@@ -15,15 +15,19 @@ from tuner.errors import TaskError
 from tuner.worker.trial import batch_size_of, reset_keras_state
 
 
-def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict:
+def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
+               ceiling: bool = False) -> dict:
     """Check the task in the worker before anything is written; return a short description.
 
     The model is built (and, if subclassed, called on the first batch so that its layers
     exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
     group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
     layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
-    contract.
+    contract. With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
+    (``tuner.worker.ceiling``), timed apart (``info["ceiling_s"]``).
     """
+    import time
+
     import keras
     import tensorflow as tf
 
@@ -31,6 +35,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict
     from tuner.keras_apply import float32_matches
     from tuner.worker.task_loader import fixed_batches, load_task
 
+    started = time.perf_counter()
     reset_keras_state(0)
     task = load_task(task_path)
     batches = fixed_batches(task, steps)
@@ -43,6 +48,13 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = ()) -> dict
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
             "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
     reset_keras_state(0)
+    info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
+    if ceiling:
+        from tuner.worker.ceiling import measure_ceiling
+
+        started = time.perf_counter()
+        info["ceiling"] = measure_ceiling()
+        info["ceiling_s"] = time.perf_counter() - started
     return info
 
 

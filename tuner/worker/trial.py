@@ -79,6 +79,10 @@ def _run(spec: TrialSpec) -> TrialResult:
             result.setup_s = time.perf_counter() - started
             _train(model, optimizer, batches, spec, result)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
+        if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
+            from tuner.worker.live import keep
+
+            keep(spec, model, optimizer, batches)
         if result.first_non_finite_step is not None:
             result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
                                                       result.first_non_finite_step)
@@ -170,8 +174,9 @@ def _batch_dataset(batches, steps: int):
     return tf.data.Dataset.from_tensor_slices(stacked).repeat().take(steps)
 
 
-def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult):
+def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool = True):
     """A callback that times each of ``fit``'s steps and records what the step did.
+    ``traces``: the first step traces the training step (a model that trained before has it).
 
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
     function and its conversion of the step's logs to Python numbers, which waits for the step
@@ -197,7 +202,7 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult):
             loss = float(logs["loss"])
             result.losses.append(loss)
             result.step_times_ms.append(elapsed_ms)
-            if step == 0:  # Keras traces (and may compile) the training step on its first call
+            if step == 0 and traces:  # Keras traces (and may compile) it on its first call
                 result.trace_s = elapsed_ms / 1000.0
             else:
                 result.train_s += elapsed_ms / 1000.0

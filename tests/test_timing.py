@@ -1,0 +1,73 @@
+"""Where the wall time went: the breakdown's arithmetic and its one-line form."""
+
+import pytest
+
+from tuner.timing import TimeBreakdown, describe_ceiling
+from tuner.trial_types import TrialOutcome, TrialResult
+
+
+def _result(setup, trace, train, wall):
+    return TrialResult(number=0, outcome=TrialOutcome.COMPLETED, setup_s=setup, trace_s=trace,
+                       train_s=train, wall_s=wall)
+
+
+def test_phases_and_worker_parts_add_up():
+    clock = TimeBreakdown()
+    clock.add("start-up", 4.0)
+    clock.add("trials", 10.0)
+    clock.add("trials", -1.0)  # a clock never runs backwards into a phase
+    clock.workers["trials"].add(_result(1.0, 2.0, 3.0, 6.5))
+    clock.workers["trials"].add(_result(1.0, 2.0, 3.0, 6.0))
+    clock.workers["trials"].record_s += 0.25
+    worker = clock.workers["trials"]
+    assert (worker.runs, worker.build_s, worker.trace_s, worker.train_s) == (2, 2.0, 4.0, 6.0)
+    assert worker.other_s == pytest.approx(0.5)
+    assert clock.other_s(20.0) == pytest.approx(6.0)
+    line = clock.describe(20.0)
+    assert line == ("where the time went: start-up 4.0 s · trials 10.0 s (2 runs, 2 traced: build 2.0, "
+                    "trace 4.0, train 6.0, worker other 0.5, records 0.2) · other 6.0 s")
+    metrics = clock.metrics(20.0)
+    assert metrics["time_trials_s"] == 10.0 and metrics["time_trials_trace_s"] == 4.0
+    assert metrics["time_re_measurement_build_s"] == 0.0 and metrics["time_other_s"] == 6.0
+    assert clock.to_dict(20.0)["workers"]["trials"]["runs"] == 2
+
+
+def test_a_phase_is_timed_even_when_it_raises():
+    clock = TimeBreakdown()
+    with pytest.raises(RuntimeError), clock.phase("diagnostics"):
+        raise RuntimeError
+    assert clock.phases["diagnostics"] >= 0.0
+
+
+def test_the_ceiling_names_a_precision_that_cannot_win():
+    ceiling = {"device": "CPU", "size": 256, "ms": {},
+               "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 0.009}}
+    text = describe_ceiling(ceiling)
+    assert text.startswith("bfloat16 1.1x, float16 0.009x float32's speed (a 256-wide dense "
+                           "layer's training step on CPU)")
+    assert "float16 cannot beat float32 on this device" in text
+    ceiling["speed"]["float16"] = 0.9
+    assert "cannot" not in describe_ceiling(ceiling)
+
+
+def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(tmp_path):
+    from tuner.plan import Flags, resolve
+
+    ceiling = {"device": "CPU", "size": 256, "ms": {},
+               "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 0.009}}
+    flags = Flags(task_path=tmp_path / "task.py", run_dir=tmp_path / "run", space="default")
+    plan, notes = resolve(flags, None).within_ceiling(ceiling)
+    assert plan.space.policies == ("float32", "mixed_bfloat16", "bfloat16")
+    assert plan.skipped_policies == ("mixed_float16", "float16")
+    assert notes == ["skipping mixed_float16, float16: float16 runs a dense layer's training "
+                     "step at 0.009x float32's speed on CPU, so it cannot win here (pass "
+                     "--keep-slow-policies to try it anyway)"]
+    assert plan.settings()["skipped_policies"] == ["mixed_float16", "float16"]
+    # A resumed run keeps its decision, whatever the ceiling measures now.
+    recorded = {**plan.settings(), "status": "running"}
+    resumed, notes = resolve(flags, recorded).within_ceiling(
+        {**ceiling, "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 2.0}})
+    assert resumed.space.policies == plan.space.policies and notes == []
+    kept, notes = resolve(Flags(**{**flags.__dict__, "keep_slow_policies": True}),
+                          None).within_ceiling(ceiling)
+    assert "mixed_float16" in kept.space.policies and notes == []
