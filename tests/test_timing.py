@@ -24,8 +24,9 @@ def test_phases_and_worker_parts_add_up():
     assert worker.other_s == pytest.approx(0.5)
     assert clock.other_s(20.0) == pytest.approx(6.0)
     line = clock.describe(20.0)
-    assert line == ("where the time went: start-up 4.0 s · trials 10.0 s (2 runs, 2 traced: build 2.0, "
-                    "trace 4.0, train 6.0, worker other 0.5, records 0.2) · other 6.0 s")
+    assert line == ("where the time went: start-up 4.0 s · trials 10.0 s (2 runs, 2 traced: "
+                    "build 2.0, trace 4.0, train 6.0, worker other 0.5, records 0.2) · "
+                    "other 6.0 s")
     metrics = clock.metrics(20.0)
     assert metrics["time_trials_s"] == 10.0 and metrics["time_trials_trace_s"] == 4.0
     assert metrics["time_re_measurement_build_s"] == 0.0 and metrics["time_other_s"] == 6.0

@@ -206,13 +206,12 @@ def _check_writable_dir(path: Path) -> None:
 def _tune(args) -> int:
     from rich.console import Console
 
-    from tuner.executor import LocalProcessExecutor
     from tuner.plan import resolve
-    from tuner.progress import LiveProgress
     from tuner.report import print_summary
     from tuner.run_store import RunStore
     from tuner.task_file import check_task_file
     from tuner.timing import TimeBreakdown
+    from tuner.tracking import StagedStores
 
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -240,21 +239,19 @@ def _tune(args) -> int:
     budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
-    with _executor(args, console) as executor:
-        clock = TimeBreakdown()
-        plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock, started)
-        if plan.exhaustive:
-            console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
-        done = len(store.read_trials())
-        if previous is not None:
-            console.print(f"resuming {run_dir}: {done} of {plan.trials} trials already finished")
-        from tuner.job import tune
-
-        with LiveProgress(console, plan.trials, done) as progress:
-            summary = tune(plan, executor, progress, task_info, started=started,
-                           diagnostics=diagnostics, clock=clock)
-        if isinstance(executor, LocalProcessExecutor):
-            _copy_log(executor.log_path, run_dir / "worker.log")
+    staged = StagedStores() if previous is None and not args.tracking_uri else None
+    try:
+        with _executor(args, console) as executor:
+            clock = TimeBreakdown()
+            plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
+                                                         started)
+            if staged is not None:  # the task is checked: the run directory may be written
+                staged.move_into(run_dir)
+            summary = _run_job(args, plan, executor, console, store, previous, clock, started,
+                               task_info, diagnostics)
+    finally:
+        if staged is not None:
+            staged.discard()
     print_summary(summary, console)
     summary.best_config.save(args.out, overwrite=True)
     console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
@@ -264,6 +261,26 @@ def _tune(args) -> int:
     return 0
 
 
+def _run_job(args, plan, executor, console, store, previous, clock, started, task_info,
+             diagnostics):
+    """Run the checked and fitted plan on ``executor``, with the progress display."""
+    from tuner.executor import LocalProcessExecutor
+    from tuner.job import tune
+    from tuner.progress import LiveProgress
+
+    if plan.exhaustive:
+        console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
+    done = len(store.read_trials())
+    if previous is not None:
+        console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
+    with LiveProgress(console, plan.trials, done) as progress:
+        summary = tune(plan, executor, progress, task_info, started=started,
+                       diagnostics=diagnostics, clock=clock)
+    if isinstance(executor, LocalProcessExecutor):
+        _copy_log(executor.log_path, plan.run_dir / "worker.log")
+    return summary
+
+
 def _fit_to_model(executor, plan, console, clock, started: float):
     """Check the task in the worker, fit the space to the model's layers, run diagnostics.
     Times the start-up (until the worker began the check), the check and the diagnostics."""
@@ -271,12 +288,16 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     from tuner.timing import describe_ceiling
 
     console.print("starting the TensorFlow worker and checking the task...")
+    # One call: the task is loaded and the model built once for the check and the diagnostics.
     task_info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers,
-                               ceiling=True)
-    check_s, ceiling_s = task_info.get("probe_s", 0.0), task_info.get("ceiling_s", 0.0)
-    clock.add("start-up", time.perf_counter() - started - check_s - ceiling_s)
-    clock.add("task check", check_s)
-    clock.add("ceiling probe", ceiling_s)
+                               ceiling=True, diagnose_steps=3)
+    diagnostics = task_info.pop("diagnostics")
+    parts = {"task check": task_info.get("probe_s", 0.0),
+             "ceiling probe": task_info.get("ceiling_s", 0.0),
+             "diagnostics": task_info.get("diagnostics_s", 0.0)}
+    clock.add("start-up", time.perf_counter() - started - sum(parts.values()))
+    for phase, seconds in parts.items():
+        clock.add(phase, seconds)
     console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
                   f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
     if "ceiling" in task_info:
@@ -287,8 +308,6 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     plan, notes = plan.fitted_to(task_info["float32_matches"])
     for note in notes:
         console.print(f"space: {note}", markup=False)
-    with clock.phase("diagnostics"):
-        diagnostics = executor.diagnose(str(plan.task_path), 3)
     for line in conclusions(diagnostics):
         console.print(f"diagnostics: {line}", markup=False)
     return plan.with_diagnostics(diagnostics), task_info, diagnostics

@@ -44,7 +44,7 @@ class Executor(Protocol):
     @property
     def slots(self) -> int: ...
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = ..., ceiling: bool = ...) -> dict: ...
+              timeout_s: float = ..., ceiling: bool = ..., diagnose_steps: int = ...) -> dict: ...
     def diagnose(self, task_path: str, steps: int = ..., timeout_s: float = ...) -> dict: ...
     def in_flight(self) -> int: ...
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None: ...
@@ -96,10 +96,11 @@ def _release_live() -> int:
     return release()
 
 
-def _probe(task_path: str, steps: int, patterns: list[str], ceiling: bool) -> dict:
+def _probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
+           diagnose_steps: int) -> dict:
     from tuner.worker.probe import probe_task
 
-    return probe_task(task_path, steps, patterns, ceiling)
+    return probe_task(task_path, steps, patterns, ceiling, diagnose_steps)
 
 
 def _diagnose(task_path: str, steps: int) -> dict:
@@ -148,12 +149,14 @@ class LocalProcessExecutor:
             raise TrialInfrastructureError(f"{what} failed: {first_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = 600.0, ceiling: bool = False) -> dict:
+              timeout_s: float = 600.0, ceiling: bool = False,
+              diagnose_steps: int = 0) -> dict:
         """Run the task-file checks that need TensorFlow; raises TaskError on a bad task.
-        Also reports which layers each float32 group and each of ``patterns`` selects, and
-        with ``ceiling`` each precision's speed on the worker's device."""
+        Also reports which layers each float32 group and each of ``patterns`` selects, with
+        ``ceiling`` each precision's speed on the worker's device, and with ``diagnose_steps``
+        the model's diagnostics (``tuner.worker.probe.probe_task``)."""
         return self._call("checking the task", _probe, task_path, steps, list(patterns),
-                          ceiling, timeout_s=timeout_s)
+                          ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""

@@ -138,6 +138,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     started = time.perf_counter() if started is None else started
     task_info = task_info or {}
     clock = clock or TimeBreakdown()
+    opening = time.perf_counter()
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(plan.run_dir)
     if diagnostics is not None:
@@ -156,6 +157,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         tracker.log_diagnostics(diagnostics)
     if task_info.get("ceiling"):
         tracker.log_ceiling(task_info["ceiling"])
+    clock.add("opening records", time.perf_counter() - opening)
     try:
         with clock.phase("trials"):
             exhausted = scheduler.run()

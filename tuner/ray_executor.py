@@ -63,6 +63,11 @@ def _trial_actor_class():
             result["node"] = self._node
             return result
 
+        def release_live(self) -> int:
+            from tuner.worker.live import release
+
+            return release()
+
         def run_live(self, spec_dict: dict) -> dict:
             from tuner.worker.live import run_live
 
@@ -77,11 +82,12 @@ def _trial_actor_class():
             return diagnose_task(task_file_here(task_path, task_source), steps)
 
         def probe(self, task_path: str, task_source: str, steps: int,
-                  patterns: list[str], ceiling: bool) -> dict:
+                  patterns: list[str], ceiling: bool, diagnose_steps: int) -> dict:
             from tuner.worker.task_loader import task_file_here
             from tuner.worker.probe import probe_task
 
-            return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling)
+            return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling,
+                              diagnose_steps)
 
     return TrialActor
 
@@ -198,9 +204,10 @@ class RayExecutor:
                                            f"{first_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
-              timeout_s: float = 600.0, ceiling: bool = False) -> dict:
+              timeout_s: float = 600.0, ceiling: bool = False,
+              diagnose_steps: int = 0) -> dict:
         return self._call("checking the task", "probe", task_path, self._source(task_path),
-                          steps, list(patterns), ceiling, timeout_s=timeout_s)
+                          steps, list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         return self._call("diagnostics", "diagnose", task_path, self._source(task_path), steps,
@@ -306,6 +313,16 @@ class RayExecutor:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
+        if self._owns_ray and self.workers == 1 and self._slots and not self.in_flight():
+            # A Ray instance this job started runs nothing but its one actor, idle now: that
+            # actor has the machine to itself already, TensorFlow imported and the baseline's
+            # model alive (tuner.worker.live). No reservation, no fresh process.
+            session = _ExclusiveSession(self, None, {}, slot=self._slots[0], exclusive=True)
+            try:
+                yield session
+            finally:
+                session.release()
+            return
         for slot in list(self._slots):  # the pool's actors hold CPUs the reservation needs
             if slot.running is None:
                 self._replace(slot)
@@ -345,14 +362,16 @@ class RayExecutor:
 class _ExclusiveSession:
     """Runs specs one at a time on one actor, each config on a model the actor keeps alive
     (``tuner.worker.live``); a crashed or hung actor is replaced by a fresh one (in the same
-    reservation) and the session goes on. Closing it replaces the actor, models and all."""
+    reservation) and the session goes on. Closing it replaces the actor, models and all; a
+    session on the pool's own actor (``slot``) releases its models instead."""
 
-    def __init__(self, executor: RayExecutor, group, bundle: dict[str, float]) -> None:
+    def __init__(self, executor: RayExecutor, group, bundle: dict[str, float],
+                 slot: _Slot | None = None, exclusive: bool | None = None) -> None:
         self._executor = executor
         self._group = group
         self._bundle = bundle
-        self._slot: _Slot | None = None
-        self.exclusive_timing = group is not None
+        self._slot = slot
+        self.exclusive_timing = group is not None if exclusive is None else exclusive
 
     def _ensure_actor(self) -> _Slot:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -383,4 +402,15 @@ class _ExclusiveSession:
     def close(self) -> None:
         if self._slot is not None and self._slot in self._executor._slots:
             self._executor._replace(self._slot)
+        self._slot = None
+
+    def release(self) -> None:
+        """Drop the live models, keep the actor (it is the pool's)."""
+        import ray
+
+        if self._slot is not None and self._slot in self._executor._slots:
+            try:
+                ray.get(self._slot.actor.release_live.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - the job's end kills the actor anyway
+                pass
         self._slot = None

@@ -1,9 +1,10 @@
 """Where a tuning job's wall time went, measured phase by phase (driver side, plain data).
 
 A job's wall time is split into phases timed on the driver's clock: start-up (the command, Ray,
-the worker process and its TensorFlow import), the task check, the diagnostics, the search
-trials, the re-measurement, and the records and plots at the end; whatever no phase covers is
-"other". Inside the two phases that run trials, the workers' own clocks say how the trials
+the worker process and its TensorFlow import), the task check, the ceiling probe, the
+diagnostics, opening the records (the run directory, the MLflow store and parent run, the
+Optuna study), the search trials, the re-measurement, and the records and plots at the end;
+whatever no phase covers is "other". Inside the two phases that run trials, the workers' own clocks say how the trials
 spent it: building the model (task, data, build, compile), tracing the training step (its first
 call), the training steps, and the rest of the worker's time; the driver adds the time it spent
 recording each trial (MLflow, trials.jsonl). With parallel workers those parts are summed over
@@ -18,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 # Phases in the order a job runs them.
-PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "trials", "re-measurement",
-          "records and plots")
+PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "opening records", "trials",
+          "re-measurement", "records and plots")
 # A precision whose ceiling is below this share of float32's speed cannot win on this device.
 CANNOT_WIN_BELOW = 0.5
 

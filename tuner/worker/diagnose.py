@@ -7,7 +7,8 @@ fraction of non-zero values that would underflow float16 (flush to zero below 2^
 precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
 From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
 loss scale. Layers that receive float tensors carrying integers beyond 16-bit's exact range
-(``integer_inputs``, see tuner.worker.integer_inputs) are candidates ahead of all others. Plain data out (``diagnose_task`` returns a dict).
+(``integer_inputs``, see tuner.worker.integer_inputs) are candidates ahead of all others.
+Plain data out (``diagnose_task`` returns a dict).
 """
 
 from __future__ import annotations
@@ -88,18 +89,23 @@ def recommend_loss_scale(gradient_abs_max: float, gradient_p01: float) -> dict[s
 
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
-    import keras
-    import tensorflow as tf
-
-    from tuner.keras_apply import call_path, hook_layer_calls
-    from tuner.worker.integer_inputs import integer_inputs_of
     from tuner.worker.task_loader import fixed_batches, load_task
     from tuner.worker.trial import reset_keras_state
 
     reset_keras_state(seed)
     task = load_task(task_path)
-    batches = fixed_batches(task, max(steps, 1))
-    model = task.build_model()
+    return diagnose_model(task, task.build_model(), fixed_batches(task, max(steps, 1)), steps)
+
+
+def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
+    """Diagnostics of a float32 model of ``task`` (built, or to be built on the first batch),
+    from ``steps`` instrumented steps on ``batches`` (cycled). It trains the model."""
+    import keras
+    import tensorflow as tf
+
+    from tuner.keras_apply import call_path, hook_layer_calls
+    from tuner.worker.integer_inputs import integer_inputs_of
+
     model.compile(optimizer=task.optimizer(), loss=task.loss)
     first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])
     model(first_x, training=False)  # build first: a subclassed model traces symbolically

@@ -33,6 +33,7 @@ _DTYPE_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"cannot compute \w+ as input #\d+",
     r"has type \w+ that does not match type \w+",
     r"has type \w+ that does not match expected type",
+    r"Cannot convert a list containing a tensor of dtype",
 )]
 _OOM_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
     r"\bOOM when allocating", r"out of memory", r"ResourceExhausted", r"failed to allocate")]
@@ -156,13 +157,14 @@ def layer_for_node(node: str, layer_paths: Sequence[str]) -> str | None:
     return best
 
 
-def classify(exc: BaseException, *, stage: str,
-             layer_paths: Sequence[str] = ()) -> tuple[FailureClass, str, str | None]:
+def classify(exc: BaseException, *, stage: str, layer_paths: Sequence[str] = (),
+             loss_layers: Sequence[str] = ()) -> tuple[FailureClass, str, str | None]:
     """``stage`` is where it happened: "task" (user code: build/data) or "train".
 
     ``layer_paths`` are the model's layers (when it was built), to map a failing op's node to
-    its layer. Returns the class, a one-line reason that names the layer or the cause, with a
-    fix where there is one, and the layer.
+    its layer; ``loss_layers`` those that added a 16-bit loss term (``add_loss``), which Keras
+    sums with the float32 ones. Returns the class, a one-line reason that names the layer or
+    the cause, with a fix where there is one, and the layer.
     """
     reading = read_error(exc)
     text = f"{type(exc).__name__}: {exc}"
@@ -180,6 +182,11 @@ def classify(exc: BaseException, *, stage: str,
                 f"out of memory{where}: {reading.message}{at}; fix: a smaller BATCH_SIZE, or "
                 "fewer float32 placements", layer)
     if any(p.search(text) for p in _DTYPE_PATTERNS):
+        if layer is None and loss_layers:
+            layer = loss_layers[0]
+            where = (f" in layer {layer} (its add_loss term is 16-bit; the model sums it with "
+                     "float32 losses)")
+            keep = f"keep {layer} in float32 (float32.layers: [{layer}])"
         return (FailureClass.DTYPE_MISMATCH,
                 f"dtype mismatch{where}: {reading.message}{at}; fix: {keep} or cast its inputs",
                 layer)

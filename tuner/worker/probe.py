@@ -16,7 +16,7 @@ from tuner.worker.trial import batch_size_of, reset_keras_state
 
 
 def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
-               ceiling: bool = False) -> dict:
+               ceiling: bool = False, diagnose_steps: int = 0) -> dict:
     """Check the task in the worker before anything is written; return a short description.
 
     The model is built (and, if subclassed, called on the first batch so that its layers
@@ -24,7 +24,9 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
     layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
     contract. With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
-    (``tuner.worker.ceiling``), timed apart (``info["ceiling_s"]``).
+    (``tuner.worker.ceiling``), timed apart (``info["ceiling_s"]``); with ``diagnose_steps``,
+    ``info["diagnostics"]`` are the diagnostics of the same model (``tuner.worker.diagnose``:
+    the task is loaded and the model built once for both), timed apart too.
     """
     import time
 
@@ -47,8 +49,14 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
             "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
             "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
-    reset_keras_state(0)
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
+    if diagnose_steps:
+        from tuner.worker.diagnose import diagnose_model
+
+        started = time.perf_counter()
+        info["diagnostics"] = diagnose_model(task, model, batches, diagnose_steps)
+        info["diagnostics_s"] = time.perf_counter() - started
+    reset_keras_state(0)
     if ceiling:
         from tuner.worker.ceiling import measure_ceiling
 

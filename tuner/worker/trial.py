@@ -91,7 +91,8 @@ def _run(spec: TrialSpec) -> TrialResult:
                                     warmup_steps=spec.warmup_steps, node=result.node)
     except Exception as exc:  # noqa: BLE001 - every failure becomes part of the result
         failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train",
-                                                 layer_paths=_layer_paths(model))
+                                                 layer_paths=_layer_paths(model),
+                                                 loss_layers=_sixteen_bit_loss_layers(model))
         partial = result
         result = TrialResult.failed(spec.number, failure_class, message, layer,
                                     warmup_steps=spec.warmup_steps, node=partial.node,
@@ -117,6 +118,20 @@ def _integer_rounding(model, first_batch, spec: TrialSpec) -> tuple[str, str] | 
 
     x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
     return rounding_of(model, x, spec.integer_inputs)
+
+
+def _sixteen_bit_loss_layers(model) -> list[str]:
+    """Layers whose last call added a loss term that is not float32 (``add_loss``)."""
+    if model is None:
+        return []
+    from tuner.keras_apply import layer_paths
+
+    try:
+        return [path for layer, path in layer_paths(model)
+                if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
+                       for term in getattr(layer, "_losses", []))]
+    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
+        return []
 
 
 def _layer_paths(model) -> list[str]:
