@@ -48,7 +48,12 @@ def test_grid_is_distinct_and_matches_suggestions():
     keys = {repr(c.to_dict()) for c in configs}
     assert len(keys) == len(configs) == space.size() == 7
     default = load_space("default")
-    assert default.size() == sum(1 for _ in default.grid()) == 772  # before diagnostics
+    # Before diagnostics; pure float16/bfloat16 configs come in three weight updates each.
+    assert default.size() == sum(1 for _ in default.grid()) == 1540
+    updates = {(c.policy, c.weight_update) for c in default.grid()}
+    assert {u for p, u in updates if p in ("float16", "bfloat16")} == \
+        {"nearest", "stochastic", "compensated"}
+    assert {u for p, u in updates if p not in ("float16", "bfloat16")} == {"nearest"}
     for params in [space.baseline_params(), *space.recommended_params()]:
         assert repr(space.config_from_params(params).to_dict()) in keys
 

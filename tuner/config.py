@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.errors import ConfigError, describe
+from tuner.weight_update import WEIGHT_UPDATES
 
 SCHEMA_VERSION = 1
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
+PURE_POLICIES = ("float16", "bfloat16")  # 16-bit weights too
 LOSS_SCALE_KINDS = ("none", "dynamic", "fixed")
 FLOAT32_GROUPS = ("normalization", "softmax", "attention", "embedding")
 
@@ -159,6 +161,8 @@ class PrecisionConfig:
     loss_scale: LossScale = field(default_factory=LossScale)
     epsilon: Epsilon = field(default_factory=Epsilon)
     float32: Float32Placement = field(default_factory=Float32Placement)
+    # How 16-bit weights take their updates (pure policies only): tuner.weight_update.
+    weight_update: str = "nearest"
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +175,14 @@ class PrecisionConfig:
         self.loss_scale.validate(source)
         self.epsilon.validate(source)
         self.float32.validate(source)
+        if self.weight_update not in WEIGHT_UPDATES:
+            raise _fail(source, "weight_update", self.weight_update,
+                        f"one of {', '.join(WEIGHT_UPDATES)}")
+        if self.weight_update != "nearest" and self.policy not in PURE_POLICIES:
+            raise ConfigError(
+                f"{source}: weight_update only applies where the weights are 16-bit (policy "
+                f"float16 or bfloat16), but policy is {self.policy!r}. Received: "
+                f"weight_update={self.weight_update!r}. Use nearest, or a pure 16-bit policy.")
         if self.loss_scale.kind != "none" and self.compute_dtype != "float16":
             raise ConfigError(
                 f"{source}: loss scaling only applies where compute is float16, but policy is "
@@ -192,6 +204,8 @@ class PrecisionConfig:
                    (("eps", self.epsilon.backend), ("opt-eps", self.epsilon.optimizer))
                    if value is not None]
             parts.append(" ".join(eps))
+        if self.weight_update != "nearest":
+            parts.append(f"{self.weight_update} updates")
         if self.float32.describe():
             parts.append(self.float32.describe())
         return " · ".join(parts)
@@ -208,6 +222,7 @@ class PrecisionConfig:
                            "floor": self.loss_scale.floor},
             "epsilon": {"backend": self.epsilon.backend, "optimizer": self.epsilon.optimizer},
             "float32": {"groups": list(self.float32.groups), "layers": list(self.float32.layers)},
+            "weight_update": self.weight_update,
         }
         if self.provenance:
             data["provenance"] = dict(self.provenance)
@@ -218,7 +233,7 @@ class PrecisionConfig:
     @classmethod
     def from_dict(cls, data: object, source: str = "config") -> "PrecisionConfig":
         data = _check_keys(data, ("schema_version", "policy", "loss_scale", "epsilon", "float32",
-                                  "provenance"), source, "")
+                                  "weight_update", "provenance"), source, "")
         version = data.get("schema_version", SCHEMA_VERSION)
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise _fail(source, "schema_version", version, "a positive integer")
@@ -246,6 +261,7 @@ class PrecisionConfig:
                             ("epsilon", Epsilon(**epsilon)),
                             ("float32", Float32Placement(tuple(placement.get("groups", ())),
                                                          tuple(placement.get("layers", ())))),
+                            ("weight_update", data.get("weight_update", "nearest")),
                             ("provenance", dict(provenance))):
             object.__setattr__(config, name, value)
         config.validate(source)

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tuner.config import PrecisionConfig
 from tuner.noise import SpeedupEstimate
+from tuner.weight_update import WEIGHT_UPDATES
 
 DEFAULT_MIN_GAIN = 0.03
 
@@ -23,13 +24,14 @@ _POLICY_ORDER = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "floa
 _LOSS_SCALE_ORDER = ("none", "dynamic", "fixed")
 
 
-def complexity(config: PrecisionConfig) -> tuple[int, int, int, int]:
+def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
     """A sort key: smaller is simpler (what a user would rather apply, all else equal)."""
     changed_epsilons = sum(value is not None for value in
                            (config.epsilon.backend, config.epsilon.optimizer))
     placements = len(config.float32.groups) + len(config.float32.layers)
     return (_POLICY_ORDER.index(config.policy), changed_epsilons, placements,
-            _LOSS_SCALE_ORDER.index(config.loss_scale.kind))
+            _LOSS_SCALE_ORDER.index(config.loss_scale.kind),
+            WEIGHT_UPDATES.index(config.weight_update))
 
 
 @dataclass(frozen=True)

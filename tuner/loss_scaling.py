@@ -70,6 +70,9 @@ def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
             raise TypeError(f"the config sets an optimizer epsilon but {type(optimizer).__name__} "
                             "has no `epsilon`. Set epsilon.optimizer to null in the config.")
         optimizer.epsilon = cfg.epsilon.optimizer
+    from tuner.weight_update import wrap
+
+    wrap(optimizer, cfg.weight_update)  # stochastic or compensated updates of 16-bit weights
     scale = cfg.loss_scale
     if cfg.compute_dtype != "float16" or scale.kind == "none":
         return optimizer

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
-from tuner.config import (Epsilon, Float32Placement, LossScale, PrecisionConfig,
-                          compute_dtype_of)
+from tuner.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
+                          PrecisionConfig, compute_dtype_of)
 from tuner.errors import SearchSpaceError
 from tuner.placement import effective_placement, group_paths, no_layer_message, pattern_paths, \
     placed_layers
@@ -56,6 +56,8 @@ class SearchSpace:
     float32_groups: tuple[str, ...] = ()
     float32_layers: tuple[str, ...] = ()
     float32_auto_layers: int = 0           # search the k riskiest diagnosed layers, k <= this
+    # How 16-bit weights take their updates, searched under pure policies only.
+    weight_updates: tuple[str, ...] = ("nearest",)
     risky_layers: tuple[str, ...] = ()     # filled from diagnostics at run time
     trials: int = 8
     budget: TrialBudget = TrialBudget()
@@ -75,6 +77,9 @@ class SearchSpace:
             elif kind == "fixed":
                 params["fixed_value"] = trial.suggest_categorical(
                     "fixed_value", list(self.fixed_values))
+        if params["policy"] in PURE_POLICIES:
+            params["weight_update"] = trial.suggest_categorical(
+                "weight_update", list(self.weight_updates))
         params["backend_epsilon"] = trial.suggest_categorical(
             "backend_epsilon", list(self.backend_epsilons))
         params["optimizer_epsilon"] = trial.suggest_categorical(
@@ -142,7 +147,8 @@ class SearchSpace:
         return PrecisionConfig(
             policy=params["policy"], loss_scale=loss_scale,
             epsilon=Epsilon(params.get("backend_epsilon"), params.get("optimizer_epsilon")),
-            float32=Float32Placement(groups, layers))
+            float32=Float32Placement(groups, layers),
+            weight_update=params.get("weight_update", "nearest"))
 
     def params_for(self, policy: str, *, loss_scale: str = "dynamic",
                    float32_groups: Sequence[str] = ()) -> dict[str, Any] | None:
@@ -160,6 +166,9 @@ class SearchSpace:
                 params["growth_steps"] = self.growth_steps[0]
             elif loss_scale == "fixed":
                 params["fixed_value"] = self.fixed_values[0]
+        if policy in PURE_POLICIES:
+            params["weight_update"] = "nearest" if "nearest" in self.weight_updates \
+                else self.weight_updates[0]
         params["backend_epsilon"] = None if None in self.backend_epsilons \
             else self.backend_epsilons[0]
         params["optimizer_epsilon"] = None if None in self.optimizer_epsilons \
@@ -210,10 +219,12 @@ class SearchSpace:
                     else:
                         scales.append({"loss_scale": kind})
             mixed = policy != "float32"  # float32 placement is a no-op under float32
-            for scale, eps_b, eps_o, switch in itertools.product(
-                    scales, self.backend_epsilons, self.optimizer_epsilons,
+            updates = [{"weight_update": u} for u in self.weight_updates] \
+                if policy in PURE_POLICIES else [{}]
+            for scale, update, eps_b, eps_o, switch in itertools.product(
+                    scales, updates, self.backend_epsilons, self.optimizer_epsilons,
                     switches if mixed else [()]):
-                params = {"policy": policy, **scale, "backend_epsilon": eps_b,
+                params = {"policy": policy, **scale, **update, "backend_epsilon": eps_b,
                           "optimizer_epsilon": eps_o, **dict(zip(names, switch))}
                 if mixed and self.risky_layers:
                     for k in range(len(self.risky_layers) + 1):
@@ -231,6 +242,7 @@ class SearchSpace:
         epsilons = len(self.backend_epsilons) * len(self.optimizer_epsilons)
         return sum(epsilons
                    * (scale_options if compute_dtype_of(policy) == "float16" else 1)
+                   * (len(self.weight_updates) if policy in PURE_POLICIES else 1)
                    * (switches if policy != "float32" else 1)
                    for policy in self.policies)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tuner.config import FLOAT32_GROUPS, LOSS_SCALE_KINDS, POLICIES
+from tuner.weight_update import WEIGHT_UPDATES
 from tuner.errors import SearchSpaceError, describe
 from tuner.space import MIN_TIMED_STEPS, SearchSpace, TrialBudget
 
@@ -61,12 +62,16 @@ def _mapping(source: str, key: str, value: object, allowed: Sequence[str]) -> Ma
 
 def _parse(data: object, source: str, name: str) -> SearchSpace:
     top = _mapping(source, "", data, ("description", "policies", "loss_scale", "epsilon",
-                                      "float32", "trials", "trial"))
+                                      "float32", "weight_updates", "trials", "trial"))
     kwargs: dict[str, Any] = {"name": name, "description": str(top.get("description", ""))}
     kwargs.update(_policies(source, top))
     kwargs.update(_loss_scale(source, top))
     kwargs.update(_epsilons(source, top))
     kwargs.update(_placement(source, top))
+    if "weight_updates" in top:
+        kwargs["weight_updates"] = _choices(source, "weight_updates", top["weight_updates"],
+                                            lambda u: u in WEIGHT_UPDATES,
+                                            f"one of {', '.join(WEIGHT_UPDATES)}")
     if "trials" in top:
         if not _int_at_least(1)(top["trials"]):
             raise SearchSpaceError(f"{source}: `trials` must be an integer >= 1. Received: "
