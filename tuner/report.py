@@ -16,7 +16,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def table_rows(summary: "TuneSummary") -> list[list[str]]:
     """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
-    reason. The speedup is the re-measured one with its interval where the trial was a
+    training memory (tuner.worker.memory: state plus activations), reason. The speedup is the re-measured one with its interval where the trial was a
     finalist; otherwise the search-phase ratio (screening only, marked ~)."""
     base = summary.baseline.judgement.median_step_ms if summary.baseline else None
     rows = []
@@ -28,15 +28,17 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
             speedup = _fmt(base / median if base and median else None, ".2f", "x ~")
         marker = " ★" if summary.best is not None and row is summary.best else ""
         shared = "" if row.result.exclusive_timing or median is None else " ‡"
+        memory = row.result.training_memory
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
                      _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"), speedup,
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
+                     _fmt(memory["total_bytes"] / 1e6 if memory else None, ".3g"),
                      row.judgement.reason or ""])
     return rows
 
 
 HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "loss decr.",
-           "why"]
+           "memory MB", "why"]
 
 
 def headline(summary: "TuneSummary") -> list[str]:
@@ -102,7 +104,8 @@ def print_summary(summary: "TuneSummary", console) -> None:
     for header in HEADERS:
         table.add_column(header, overflow="fold",
                          justify="right" if header in ("#", "median ms", "re-measured ms",
-                                                       "speedup", "loss decr.") else "left")
+                                                       "speedup", "loss decr.", "memory MB")
+                         else "left")
     styles = {"stable": "green", "unstable": "red", "failed": "red", "stopped_slow": "yellow"}
     from rich.markup import escape
 

@@ -278,6 +278,11 @@ class Tracker:
             summary["speedup_vs_float32"] = baseline_ms / judgement.median_step_ms
         if result.losses:
             summary["final_loss"] = result.losses[-1]
+        if result.training_memory:
+            memory = result.training_memory
+            summary["training_memory_bytes"] = float(memory["total_bytes"])
+            for part in ("weights", "gradients", "optimizer", "activations"):
+                summary[f"memory_{part}_bytes"] = float(sum(memory[part].values()))
         self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
                           per_step=per_step, timestamp=now)
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")

@@ -75,6 +75,8 @@ class TrialResult:
     failure_message: str = ""
     failure_layer: str | None = None
     stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
+    # What training needs, counted from the model's tensors (tuner.worker.memory).
+    training_memory: dict[str, Any] | None = None
     warmup_steps: int = 0
     batch_size: int | None = None
     weights_bytes: int | None = None     # bytes of all model weights (shows 16-bit savings)

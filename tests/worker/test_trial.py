@@ -168,3 +168,24 @@ def test_probe_reports_what_each_group_and_pattern_selects(task_path):
     assert matches["layers"]["classifier/dense*"] == ["classifier/dense", "classifier/dense_1"]
     assert matches["all_layers"] == ["classifier/dense", "classifier/batch_normalization",
                                      "classifier/dense_1"]
+
+
+def test_training_memory_is_counted_from_the_models_tensors(task_path):
+    def memory(cfg):
+        return trial(task_path("tiny_mlp"), cfg, steps=6).training_memory
+
+    def total(part):
+        return sum(part.values())
+
+    f32, bf16 = memory(PrecisionConfig()), memory(PrecisionConfig("bfloat16"))
+    compensated = memory(PrecisionConfig("bfloat16", weight_update="compensated"))
+    weights = (16 * 32 + 32 + 32 * 2 + 32 * 3 + 3) * 4
+    assert f32["weights"] == {"float32": weights} and f32["gradients"] == {"float32": weights}
+    # Adam's two moments, plus its scalar learning rate and step counter.
+    assert 2 * weights <= total(f32["optimizer"]) <= 2 * weights + 16
+    assert bf16["weights"] == {"bfloat16": weights // 2}
+    assert total(bf16["optimizer"]) < total(f32["optimizer"]) / 2 + 16  # + the step counter
+    assert compensated["optimizer"]["bfloat16"] == bf16["optimizer"]["bfloat16"] + weights // 2
+    assert total(bf16["activations"]) * 2 == total(f32["activations"]) > 0
+    assert f32["total_bytes"] == sum(total(f32[k]) for k in
+                                     ("weights", "gradients", "optimizer", "activations"))

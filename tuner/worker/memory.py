@@ -1,4 +1,14 @@
-"""A trial's peak memory: the GPU allocator's peak, else host RSS growth (sampled)."""
+"""A trial's memory, two ways.
+
+- :class:`MemoryMeter`: what the process used: the GPU allocator's peak for the trial, else
+  the growth of the host's RSS (sampled). On a CPU the latter depends on what ran earlier in
+  the worker (an underestimate after the first trial).
+- :func:`training_memory`: what the training needs, counted exactly from the model's own
+  tensors, the same whatever ran before: weights, gradients (one per trainable weight, in its
+  dtype), optimizer state (slots, loss scale, compensation buffers), each by dtype, plus the
+  activations the backward pass keeps (every layer call's float outputs in one forward pass of
+  a batch, in the dtype they are computed in). Plain data out.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +53,49 @@ class MemoryMeter:
         self._thread.join()
         self._peak = max(self._peak, _rss_bytes())
         return self._peak - self._baseline, "host_rss_growth"
+
+
+def _by_dtype(tensors) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for tensor in tensors:
+        dtype = getattr(tensor.dtype, "name", str(tensor.dtype))
+        count = 1
+        for dim in tensor.shape:
+            count *= int(dim)
+        sizes[dtype] = sizes.get(dtype, 0) + count * _ITEM_BYTES.get(dtype, 4)
+    return sizes
+
+
+_ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+               "int8": 1, "uint8": 1, "bool": 1}
+
+
+def training_memory(model, optimizer, x) -> dict:
+    """``{"weights": {dtype: bytes}, "gradients": {...}, "optimizer": {...}, "activations":
+    {...}, "total_bytes": n}`` for ``model`` trained by ``optimizer`` on a batch like ``x``."""
+    import keras
+
+    from tuner.keras_apply import hook_layer_calls
+
+    state = {}
+    for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        for variable in getattr(owner, "variables", []) if owner is not None else []:
+            state[id(variable)] = variable
+    outputs = []
+
+    def keep(layer, output) -> None:
+        if not isinstance(layer, keras.Model):
+            outputs.extend(t for t in keras.tree.flatten(output)
+                           if getattr(getattr(t, "dtype", None), "is_floating", False))
+
+    with hook_layer_calls(after=keep):
+        model(x, training=True)
+    memory = {"weights": _by_dtype(model.weights),
+              "gradients": _by_dtype(model.trainable_weights),
+              "optimizer": _by_dtype(state.values()),
+              "activations": _by_dtype(outputs)}
+    memory["total_bytes"] = sum(sum(part.values()) for part in memory.values())
+    return memory
 
 
 def _rss_bytes() -> int:

@@ -79,6 +79,7 @@ def _run(spec: TrialSpec) -> TrialResult:
             result.setup_s = time.perf_counter() - started
             _train(model, optimizer, batches, spec, result)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
+        result.training_memory = _training_memory(model, optimizer, batches[0], config)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             from tuner.worker.live import keep
 
@@ -106,6 +107,21 @@ def _run(spec: TrialSpec) -> TrialResult:
         model = optimizer = None  # noqa: F841 - release before the next trial
         gc.collect()
     return result
+
+
+def _training_memory(model, optimizer, first_batch, config: PrecisionConfig) -> dict | None:
+    """Exact training-state and activation bytes (tuner.worker.memory); None if the model
+    cannot be run eagerly once more (the figure is a courtesy, never a failure)."""
+    import keras
+
+    from tuner.worker.memory import training_memory
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
+    try:
+        with config.scope():
+            return training_memory(model, optimizer, x)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _integer_rounding(model, first_batch, spec: TrialSpec) -> tuple[str, str] | None:
