@@ -30,6 +30,7 @@ class Machine:
     seed: int = 0
     fail: Callable[[PrecisionConfig, TrialSpec, bool], TrialResult | None] = \
         lambda config, spec, exclusive: None
+    memory: Callable[[PrecisionConfig], int] | None = None  # training memory of a config
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,10 +47,15 @@ class Machine:
         times = [scale * 5.0] + [scale * self.rng.lognormvariate(0.0, self.jitter)
                                  for _ in range(spec.steps - 1)]
         losses = [2.0 * 0.95**i + self.rng.gauss(0.0, 0.002) for i in range(spec.steps)]
+        memory = None
+        if self.memory is not None:
+            total = self.memory(config)
+            memory = {"weights": {}, "gradients": {}, "optimizer": {},
+                      "activations": {"float32": total}, "total_bytes": total}
         return TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED, losses=losses,
                            step_times_ms=times, loss_scales=[None] * spec.steps,
                            warmup_steps=spec.warmup_steps, train_s=sum(times[1:]) / 1000,
-                           trace_s=times[0] / 1000)
+                           trace_s=times[0] / 1000, training_memory=memory)
 
 
 class ScriptedExecutor:
@@ -124,7 +130,8 @@ def space_file(tmp_path: Path, text: str, name: str = "space"):
 
 def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: bool = False,
                   min_gain: float = 0.03, seed: int = 0, finalists: int = 3,
-                  remeasurement: Remeasurement | None = None) -> Scheduler:
+                  remeasurement: Remeasurement | None = None, objective: str = "speed",
+                  memory_slack: float = 0.10) -> Scheduler:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -132,9 +139,11 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                    space_ref=space.name, trials=space.size() if exhaustive else trials,
                    steps=20, seed=seed, tolerance=0.9, exhaustive=exhaustive,
                    tracking_uri=None, resume=False, finalists=finalists, min_gain=min_gain,
-                   remeasurement=remeasurement or Remeasurement(time_cap_s=1e9))
-    study = optuna.create_study(direction="minimize",
+                   remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
+                   objective=objective, memory_slack=memory_slack)
+    study = optuna.create_study(directions=["minimize"] * (2 if objective == "balanced" else 1),
                                 sampler=optuna.samplers.TPESampler(seed=seed,
                                                                    n_startup_trials=4))
-    proposer = Proposer(space, study, enumerate_space=plan.enumerates_space)
+    proposer = Proposer(space, study, enumerate_space=plan.enumerates_space,
+                        objective=objective)
     return Scheduler(plan, executor, proposer, Records())

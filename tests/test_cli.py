@@ -38,6 +38,8 @@ TINY = str(TASKS / "tiny_mlp.py")
     (["tune", TINY, "--trials", "0"], "--trials: must be at least 1, got 0"),
     (["tune", TINY, "--tolerance", "abc"], "expected a number such as 0.9"),
     (["tune", TINY, "--exhaustive", "--trials", "3"], "cannot be combined with --trials 3"),
+    (["tune", TINY, "--objective", "fastest"], "invalid choice: 'fastest'"),
+    (["tune", TINY, "--memory-slack", "2"], "--memory-slack: must be in [0, 1), got 2.0"),
     (["tune", TINY, "--out", "{tmp}/exists.json"], "already exists. Pass --force"),
     (["tune", TINY, "--run-dir", "{tmp}/full"], "is not empty"),
     (["tune", TINY, "--run-dir", "/proc/precision-tuner"], "not writable"),

@@ -195,3 +195,38 @@ def test_no_stable_16bit_config_gives_float32_without_remeasuring(tmp_path):
     _, outcome, executor, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
     assert outcome.winner.number == 0 and not executor.remeasured
     assert math.isclose(outcome.decision.estimate.ratio, 1.0)
+
+
+# -- objectives beyond speed ----------------------------------------------------------------------
+PURE = """
+policies: [float32, mixed_bfloat16, bfloat16]
+weight_updates: [nearest, stochastic]
+trials: 4
+trial: {steps: 20, warmup_steps: 3}
+"""
+
+
+def _memory_machine():
+    return Machine(step_ms=lambda c: {"float32": 20.0, "mixed_bfloat16": 14.0}.get(c.policy, 18.0),
+                   memory=lambda c: {"float32": 1000, "mixed_bfloat16": 900}.get(c.policy, 500),
+                   seed=2)
+
+
+def test_the_memory_objective_exports_the_smallest_stable_config_with_its_speed(tmp_path):
+    scheduler, outcome, _, _ = tune(space_file(tmp_path, PURE), _memory_machine(), tmp_path,
+                                    trials=4, objective="memory")
+    assert outcome.winner.config.policy == "bfloat16"
+    assert outcome.winner.config.weight_update == "nearest"  # same memory: the simpler one
+    assert outcome.decision.explanation.startswith("objective memory: the smallest training "
+                                                   "memory")
+    estimate = outcome.decision.estimate  # re-measured against float32: about 20/18
+    assert estimate.rounds >= 4 and estimate.low < 20 / 18 < estimate.high
+
+
+@pytest.mark.parametrize("slack, policy", [(0.10, "bfloat16"), (0.90, "mixed_bfloat16")])
+def test_the_balanced_objective_reads_the_pick_off_the_front(tmp_path, slack, policy):
+    scheduler, outcome, _, _ = tune(space_file(tmp_path, PURE), _memory_machine(), tmp_path,
+                                    trials=4, objective="balanced", memory_slack=slack)
+    assert outcome.winner.config.policy == policy
+    fronts = [line for line in outcome.objective_lines if line.startswith("front: ")]
+    assert len(fronts) == 2 and "mixed_bfloat16" in " ".join(fronts)

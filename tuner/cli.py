@@ -122,6 +122,14 @@ def _add_tune(commands) -> None:
                       help="a 16-bit config is picked only when the lower end of its speedup "
                            "interval beats float32 by this much; otherwise float32 (a tie goes "
                            "to the simpler config) [default: %(default)s, i.e. 3%%]")
+    tune.add_argument("--objective", choices=("speed", "memory", "balanced"), default=None,
+                      help="what best means: speed (the fastest config whose gain is real), "
+                           "memory (the least training memory), or balanced (from the Pareto "
+                           "front of step time and memory, the fastest within --memory-slack "
+                           "of the smallest) [default: speed]")
+    tune.add_argument("--memory-slack", type=_gain, default=None, metavar="FRACTION",
+                      help="balanced: how far above the front's smallest memory the pick may "
+                           "be [default: 0.1, i.e. 10%%]")
     tune.add_argument("--keep-slow-policies", action="store_true",
                       help="also try policies whose 16-bit dtype runs a dense layer's training "
                            "step at under half float32's speed on the trial device (float16 on "
@@ -320,7 +328,8 @@ def _flags(args, task_path: Path):
                  steps=args.steps, seed=args.seed, tolerance=args.tolerance,
                  exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
                  finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
-                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies)
+                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
+                 objective=args.objective, memory_slack=args.memory_slack)
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -57,6 +57,8 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "tie_within_noise": outcome.decision.tie,
         "decision": outcome.decision.explanation,
         "min_gain": plan.min_gain,
+        "objective": plan.objective,
+        "training_memory_bytes": (best.result.training_memory or {}).get("total_bytes"),
         "machine": machine_description(),
         "tensorflow": task_info.get("tensorflow", "?"),
         "keras": task_info.get("keras", "?"),
@@ -103,14 +105,15 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
-        study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True)
+        study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True,
+                             objective=plan.objective)
         requeued = recover_study(study)
         tracker.resume_parent(record["parent_run_id"])
         scheduler = scheduler_factory(study, requeued)
         scheduler.restore(store.read_trials())
         return study, scheduler
     study_name = f"{task_name}-{plan.run_dir.name}"
-    study = create_study(plan.run_dir, study_name, plan.seed)
+    study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
         f"tune {task_name} · {plan.space.name}",
         params={**plan.settings(), "slow_factor": plan.slow_factor,
@@ -149,7 +152,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
 
     def scheduler_factory(study, requeued) -> Scheduler:
         proposer = Proposer(plan.space, study, enumerate_space=plan.enumerates_space,
-                            requeued=requeued, matches=plan.matches)
+                            requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
     _, scheduler = _open(plan, tracker, store, scheduler_factory, task_info)
@@ -206,7 +209,8 @@ def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted
         trace_s=scheduler.trace_s, run_dir=plan.run_dir, parent_run_id=tracker.parent_id,
         tracking_uri=tracker.tracking_uri, space_exhausted=exhausted, task_info=task_info,
         best_config=best_config, shared_remeasure=outcome.shared, tie=outcome.decision.tie,
-        decision=outcome.decision.explanation, remeasure_notes=outcome.notes)
+        decision=outcome.decision.explanation, remeasure_notes=outcome.notes,
+        objective_lines=outcome.objective_lines)
 
 
 def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tracker,

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.config import compute_dtype_of
 from tuner.decision import DEFAULT_MIN_GAIN
+from tuner.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
 from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
 from tuner.space_yaml import looks_like_path
@@ -48,6 +49,8 @@ class Flags:
     trial_time_limit_s: float = 900.0
     min_gain: float = DEFAULT_MIN_GAIN
     keep_slow_policies: bool = False
+    objective: str | None = None
+    memory_slack: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class RunPlan:
     # Layers that take integer-valued floats (from diagnostics): every trial checks them.
     integer_inputs: tuple[dict[str, Any], ...] = ()
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
+    objective: str = "speed"            # speed | memory | balanced (tuner.objective)
+    memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
     # Policies left out because the device's ceiling says they cannot win; None until decided
     # (a resumed run keeps what its run decided).
     skipped_policies: tuple[str, ...] | None = None
@@ -93,7 +98,8 @@ class RunPlan:
         return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
-                "skipped_policies": list(self.skipped_policies or ())}
+                "skipped_policies": list(self.skipped_policies or ()),
+                "objective": self.objective, "memory_slack": self.memory_slack}
 
     def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
         """The plan over the space fitted to the model: float32 groups that select no layer
@@ -177,6 +183,8 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
         min_gain=recorded.get("min_gain", flags.min_gain),
         keep_slow_policies=flags.keep_slow_policies,
+        objective=recorded.get("objective") or flags.objective or "speed",
+        memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
         skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None)
 
 
@@ -195,9 +203,11 @@ def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
                          "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
                          "or start a new --run-dir.")
     given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
-             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance}
+             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance,
+             "objective": flags.objective, "memory_slack": flags.memory_slack}
     for key, value in given.items():
-        if value is not None and value != previous[key]:
-            raise UsageError(f"--{key} {value} differs from the interrupted run's "
-                             f"{previous[key]!r}; a resumed run keeps its settings. Drop "
-                             f"--{key}, or start a new --run-dir.")
+        flag = "--" + key.replace("_", "-")
+        if value is not None and value != previous.get(key):
+            raise UsageError(f"{flag} {value} differs from the interrupted run's "
+                             f"{previous.get(key)!r}; a resumed run keeps its settings. Drop "
+                             f"{flag}, or start a new --run-dir.")

@@ -57,6 +57,38 @@ def speed_vs_stability(summary: "TuneSummary", path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
+    """Step time against training memory for the stable trials, the Pareto front joined."""
+    from tuner.objective import Point, pareto_front
+
+    points = [Point(r.number, r.config, r.judgement.median_step_ms,
+                    int(r.result.training_memory["total_bytes"]))
+              for r in summary.rows if r.judgement.stable and r.judgement.median_step_ms
+              and r.result.training_memory]
+    if len(points) < 2:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for point in points:
+        axes.scatter(point.step_ms, point.memory_bytes / 1e6, s=50, color="tab:blue")
+        axes.annotate(f"#{point.number}", (point.step_ms, point.memory_bytes / 1e6), fontsize=8,
+                      xytext=(4, 4), textcoords="offset points")
+    front = sorted(pareto_front(points), key=lambda p: p.step_ms)
+    axes.plot([p.step_ms for p in front], [p.memory_bytes / 1e6 for p in front], color="tab:orange",
+              marker="o", label="Pareto front (nothing beats these on both)")
+    best = summary.best
+    if best is not None and best.judgement.median_step_ms and best.result.training_memory:
+        axes.scatter(best.judgement.median_step_ms,
+                     best.result.training_memory["total_bytes"] / 1e6, s=260,
+                     facecolors="none", edgecolors="gold", linewidths=2.5,
+                     label=f"pick: #{best.number} {best.config.describe()}")
+    axes.set_xlabel("median step time after warm-up (ms) — lower is faster")
+    axes.set_ylabel("training memory (MB): weights, gradients, optimizer, activations")
+    axes.set_title("speed vs memory, stable trials (search-phase medians)", fontsize=10)
+    axes.legend(fontsize=8, loc="best")
+    return _save(figure, path)
+
+
 def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(8, 5))
@@ -135,6 +167,7 @@ def make_all(summary: "TuneSummary", diagnostics: dict[str, Any] | None,
              folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     made = [speed_vs_stability(summary, folder / "speed_vs_stability.png"),
+            speed_vs_memory(summary, folder / "speed_vs_memory.png"),
             loss_curves(summary, folder / "loss_curves.png"),
             loss_scale(summary, folder / "loss_scale.png")]
     if diagnostics:

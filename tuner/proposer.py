@@ -55,8 +55,9 @@ class Proposal:
 class Proposer:
     def __init__(self, space: SearchSpace, study, *, enumerate_space: bool,
                  requeued: Iterable[dict[str, Any]] = (),
-                 matches: dict[str, Any] | None = None) -> None:
+                 matches: dict[str, Any] | None = None, objective: str = "speed") -> None:
         self.space = space
+        self.objective = objective
         self.matches = matches
         self.study = study
         self.enumerate_space = enumerate_space
@@ -146,7 +147,7 @@ class Proposer:
         """Tell Optuna how the proposal's trial (a ``TrialRow``) went; plan a repair."""
         self._number_of[proposal.key] = row.number
         if proposal.optuna_trial is not None:
-            tell(self.study, proposal.optuna_trial, row)
+            tell(self.study, proposal.optuna_trial, row, self.objective)
         for trial in self._repeats.pop(proposal.key, []):
             self._tell_repeat(trial, row.number)
         repair = repair_for(row)
@@ -161,9 +162,11 @@ class Proposer:
             self.study.tell(proposal.optuna_trial, state=TrialState.FAIL)
 
 
-def tell(study, trial, row) -> None:
+def tell(study, trial, row, objective: str = "speed") -> None:
     """Map a trial's verdict to an Optuna state: failed -> FAIL, stopped as too slow -> PRUNED,
-    judged -> COMPLETE with the median step time and the stability constraint."""
+    judged -> COMPLETE with the stability constraint and the objective's values: the median
+    step time (speed), the training memory (memory), or both (balanced: a multi-objective
+    study)."""
     from optuna.trial import TrialState
 
     verdict = row.judgement.verdict
@@ -179,7 +182,15 @@ def tell(study, trial, row) -> None:
         study.tell(trial, state=TrialState.PRUNED)
     else:
         trial.set_constraint("unstable", 0.0 if row.judgement.stable else UNSTABLE)
-        study.tell(trial, median)
+        memory = (row.result.training_memory or {}).get("total_bytes")
+        if objective != "speed" and memory is None:
+            study.tell(trial, state=TrialState.FAIL)
+        elif objective == "memory":
+            study.tell(trial, float(memory))
+        elif objective == "balanced":
+            study.tell(trial, [median, float(memory)])
+        else:
+            study.tell(trial, median)
 
 
 # Failures that keeping the named layer in float32 can cure.
@@ -199,7 +210,8 @@ def repair_for(row) -> PrecisionConfig | None:
     return dataclasses.replace(row.config, float32=placement)
 
 
-def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = False):
+def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = False,
+                 objective: str = "speed"):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -207,7 +219,9 @@ def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = Fa
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
     if resume:
         return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    return optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
+    # balanced: step time and training memory, both minimized (Optuna's multi-objective TPE).
+    directions = ["minimize", "minimize"] if objective == "balanced" else ["minimize"]
+    return optuna.create_study(study_name=study_name, storage=storage, directions=directions,
                                sampler=sampler)
 
 

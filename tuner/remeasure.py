@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from tuner.decision import Candidate, Decision, decide
+from tuner.objective import Point, pareto_front, pick
 from tuner.errors import TunerError
 from tuner.noise import (PooledNoise, SpeedupEstimate, median_interval, round_log_ratios,
                          speedup_from_log_ratios)
@@ -49,6 +50,7 @@ class Remeasured:
     decision: Decision
     notes: list[str] = field(default_factory=list)
     shared: bool = False                 # the timings were not exclusive (busy cluster)
+    objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
 
 
 def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
@@ -84,6 +86,8 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     baseline = scheduler.baseline
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
+    if scheduler.plan.objective != "speed":
+        return _by_objective(scheduler, baseline)
     finalists, dropped = clearly_behind(scheduler, finalists_of(scheduler))
     if not finalists:
         baseline.estimate = SpeedupEstimate.identity()
@@ -94,6 +98,39 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     outcome = _Rounds(scheduler, baseline, finalists).run()
     outcome.notes[1:1] = dropped
     return outcome
+
+
+def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
+    """memory or balanced (tuner.objective): the choice is made on the search's figures, then
+    re-measured against float32 so its speed comes with an interval."""
+    plan = scheduler.plan
+    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory}
+    points = [Point(r.number, r.config, r.judgement.median_step_ms,
+                    int(r.result.training_memory["total_bytes"])) for r in rows.values()]
+    if not points:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, decide(baseline.number, [], min_gain=plan.min_gain),
+                          ["no stable config has a memory figure: float32"])
+    chosen, why = pick(points, plan.objective, plan.memory_slack)
+    lines = [why]
+    if plan.objective == "balanced":
+        lines += [f"front: {point.describe()}" for point in pareto_front(points)]
+    row = rows[chosen.number]
+    if row is baseline:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
+                          ["the pick is float32: nothing to re-measure"], objective_lines=lines)
+    rounds = _Rounds(scheduler, baseline, [row])
+    timed = rounds.run()
+    if row.estimate is None or row not in rounds.active:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
+                                             f"{why}, but #{row.number} was lost in the "
+                                             "re-measurement: float32"),
+                          timed.notes, timed.shared, lines)
+    decision = Decision(row.number, row.estimate, False,
+                        f"{why}; {row.estimate.describe()} vs float32")
+    return Remeasured(row, decision, timed.notes, timed.shared, lines)
 
 
 def _why_lost(result: TrialResult) -> str:

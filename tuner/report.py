@@ -16,8 +16,9 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def table_rows(summary: "TuneSummary") -> list[list[str]]:
     """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
-    training memory (tuner.worker.memory: state plus activations), reason. The speedup is the re-measured one with its interval where the trial was a
-    finalist; otherwise the search-phase ratio (screening only, marked ~)."""
+    training memory (tuner.worker.memory: state plus activations), reason. The speedup is the
+    re-measured one with its interval where the trial was a finalist; otherwise the
+    search-phase ratio (screening only, marked ~)."""
     base = summary.baseline.judgement.median_step_ms if summary.baseline else None
     rows = []
     for row in summary.rows:
@@ -64,6 +65,7 @@ def headline(summary: "TuneSummary") -> list[str]:
             from tuner.tracking import placement_text
 
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
+    lines += summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
     notes = {r.judgement.note for r in summary.rows if r.judgement.note}
     lines += [f"note: {note}" for note in sorted(notes)]

@@ -58,6 +58,7 @@ class TuneSummary:
     decision: str = ""                  # why the winner won, one line
     remeasure_notes: list[str] = field(default_factory=list)  # rounds, target, losses
     breakdown: TimeBreakdown | None = None   # where the wall time went, phase by phase
+    objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
 
     @property
     def outside_training_fraction(self) -> float:

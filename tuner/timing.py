@@ -4,8 +4,8 @@ A job's wall time is split into phases timed on the driver's clock: start-up (th
 the worker process and its TensorFlow import), the task check, the ceiling probe, the
 diagnostics, opening the records (the run directory, the MLflow store and parent run, the
 Optuna study), the search trials, the re-measurement, and the records and plots at the end;
-whatever no phase covers is "other". Inside the two phases that run trials, the workers' own clocks say how the trials
-spent it: building the model (task, data, build, compile), tracing the training step (its first
+whatever no phase covers is "other". Inside the two phases that run trials, the workers' own
+clocks say how the trials spent it: building the model (task, data, build, compile), tracing the training step (its first
 call), the training steps, and the rest of the worker's time; the driver adds the time it spent
 recording each trial (MLflow, trials.jsonl). With parallel workers those parts are summed over
 trials, so they can exceed their phase's wall time.

@@ -104,8 +104,9 @@ def test_without_the_check_float16_fails_with_the_real_message_and_the_layer():
     assert "float_token_ids.py" in result.failure_message  # the user's line that did it
 
 
-@pytest.mark.parametrize("policy, how", [("mixed_bfloat16", "are cast to bfloat16"),
-                                         ("float16", "arrive as float16 from the layers before it")])
+@pytest.mark.parametrize("policy, how", [
+    ("mixed_bfloat16", "are cast to bfloat16"),
+    ("float16", "arrive as float16 from the layers before it")])
 def test_a_config_that_rounds_the_ids_fails_before_training(float_ids_diagnostics, policy, how):
     # mixed_bfloat16 would round silently (4999 -> 4992, still in range) and train.
     placement = Float32Placement((), ("token_embedding",)) if policy == "float16" else None
