@@ -84,6 +84,35 @@ def _run_trial(spec_dict: dict) -> dict:
     return run_trial(spec_dict)
 
 
+def _run_for_peak_rss(spec_dict: dict) -> dict:
+    """A trial in this (fresh) process, then the process's peak resident memory."""
+    import resource
+
+    from tuner.worker.trial import run_trial
+
+    result = run_trial(spec_dict)
+    return {"result": result,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def fresh_process_peak_rss(spec: TrialSpec, timeout_s: float = 600.0) -> int | None:
+    """Run ``spec`` in a fresh worker process on this machine and return that process's peak
+    RSS (TensorFlow's own footprint included): a check of the counted training memory that no
+    earlier trial can disturb. None when the run fails."""
+    executor = LocalProcessExecutor()
+    try:
+        answer = executor._call("a fresh-process memory check", _run_for_peak_rss,
+                                spec.to_dict(), timeout_s=timeout_s)
+    except TunerError:
+        return None
+    finally:
+        executor.close()
+        with contextlib.suppress(OSError):
+            os.unlink(executor.log_path)
+    ok = answer["result"]["outcome"] == "completed"
+    return int(answer["peak_rss_bytes"]) if ok else None
+
+
 def _run_live(spec_dict: dict) -> dict:
     from tuner.worker.live import run_live
 

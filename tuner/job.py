@@ -178,6 +178,10 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         tracker.client.set_terminated(tracker.parent_id, "FAILED")
         store.update_run(status="failed")
         raise
+    if plan.objective != "speed" and _runs_here(executor):
+        with clock.phase("memory check"):
+            outcome.objective_lines.append(_fresh_rss_line(plan, outcome.winner,
+                                                           scheduler.baseline))
     with clock.phase("records and plots"):
         for row in scheduler.rows:
             if row.remeasured_ms is not None and row.run_id:
@@ -192,6 +196,30 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                         "outside_training_fraction": summary.outside_training_fraction},
                        timing)
     return summary
+
+
+def _runs_here(executor) -> bool:
+    """Trials run on this machine (the local worker, or a Ray instance this job started)."""
+    from tuner.executor import LocalProcessExecutor
+
+    return isinstance(executor, LocalProcessExecutor) or bool(getattr(executor, "_owns_ray",
+                                                                      False))
+
+
+def _fresh_rss_line(plan: RunPlan, winner: TrialRow, baseline: TrialRow) -> str:
+    """The peak RSS of a fresh process training the pick and float32: the check, on this
+    machine, of the counted training memory the objective chose by."""
+    from tuner.executor import fresh_process_peak_rss
+    from tuner.scheduler import make_spec
+
+    figures = []
+    for label, row in (("float32", baseline), (f"the pick #{winner.number}", winner)):
+        if label != "float32" and winner is baseline:
+            continue
+        peak = fresh_process_peak_rss(make_spec(plan, row.number, row.config))
+        figures.append(f"{label} {peak / 1e6:.0f} MB" if peak else f"{label} failed")
+    return ("check: peak RSS of a fresh process training it (TensorFlow's own footprint "
+            "included): " + ", ".join(figures))
 
 
 def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted: bool,

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 # Phases in the order a job runs them.
 PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "opening records", "trials",
-          "re-measurement", "records and plots")
+          "re-measurement", "memory check", "records and plots")
 # A precision whose ceiling is below this share of float32's speed cannot win on this device.
 CANNOT_WIN_BELOW = 0.5
 
