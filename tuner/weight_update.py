@@ -172,13 +172,9 @@ class _Float32View:
     def __init__(self, weight) -> None:
         self.weight = weight
 
-    @property
-    def shape(self):
-        return self.weight.shape
-
-    @property
-    def name(self) -> str:
-        return self.weight.name
+    def __getattr__(self, name: str):
+        # Anything else an optimizer reads (shape, name, path, ...) is the weight's own.
+        return getattr(self.weight, name)
 
     def value_as_float32(self):
         import tensorflow as tf
