@@ -213,7 +213,8 @@ def test_the_median_interval_covers_the_median_and_narrows_with_samples():
 def test_a_finalist_is_dropped_only_when_clearly_beyond_the_run_drift():
     from types import SimpleNamespace
 
-    from tuner.remeasure import SEARCH_DRIFT, clearly_behind
+    from tuner.noise import SEARCH_DRIFT
+    from tuner.remeasure import clearly_behind
 
     def row(number, ms, policy="mixed_bfloat16"):
         steps = [ms * (1 + 0.01 * ((i % 5) - 2)) for i in range(20)]

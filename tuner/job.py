@@ -178,7 +178,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         tracker.client.set_terminated(tracker.parent_id, "FAILED")
         store.update_run(status="failed")
         raise
-    if plan.objective != "speed" and _runs_here(executor):
+    if plan.objective != "speed" and getattr(executor, "runs_here", False):
         with clock.phase("memory check"):
             outcome.objective_lines.append(_fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))
@@ -196,14 +196,6 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                         "outside_training_fraction": summary.outside_training_fraction},
                        timing)
     return summary
-
-
-def _runs_here(executor) -> bool:
-    """Trials run on this machine (the local worker, or a Ray instance this job started)."""
-    from tuner.executor import LocalProcessExecutor
-
-    return isinstance(executor, LocalProcessExecutor) or bool(getattr(executor, "_owns_ray",
-                                                                      False))
 
 
 def _fresh_rss_line(plan: RunPlan, winner: TrialRow, baseline: TrialRow) -> str:

@@ -91,6 +91,12 @@ def median(values: Sequence[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+# How far one config's search-phase median drifts from run to run: float32 timed against itself
+# measured 0.965-1.133 on this project's 2-core machine. Search-phase medians closer than this
+# cannot be told apart (one run each).
+SEARCH_DRIFT = 1.15
+
+
 def median_interval(samples: Sequence[float], z: float = 1.96) -> tuple[float, float]:
     """A distribution-free ~95% interval for the median of ``samples``: the order statistics
     ranked n/2 -+ z*sqrt(n)/2 (the binomial's normal approximation)."""

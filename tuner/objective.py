@@ -21,10 +21,10 @@ from typing import Sequence
 
 from tuner.config import PrecisionConfig
 from tuner.decision import complexity
+from tuner.noise import SEARCH_DRIFT
 
 OBJECTIVES = ("speed", "memory", "balanced")
 DEFAULT_MEMORY_SLACK = 0.10
-SEARCH_DRIFT = 1.15  # a config's search-phase median drifts this much from run to run
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,11 @@ class RayExecutor:
         result.wall_s = time.monotonic() - slot.started
         return result
 
+    @property
+    def runs_here(self) -> bool:
+        """Trials run on this machine: a Ray instance this job started (not --ray-address)."""
+        return self._owns_ray
+
     def _replace(self, slot: _Slot) -> None:
         """Kill a slot's actor (no restart) and put a fresh one in its place, lazily."""
         import ray

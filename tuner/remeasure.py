@@ -29,19 +29,13 @@ import time
 from dataclasses import dataclass, field
 
 from tuner.decision import Candidate, Decision, decide
-from tuner.objective import Point, pareto_front, pick
 from tuner.errors import TunerError
-from tuner.noise import (PooledNoise, SpeedupEstimate, median_interval, round_log_ratios,
-                         speedup_from_log_ratios)
+from tuner.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
+                         round_log_ratios, speedup_from_log_ratios)
+from tuner.objective import Point, pareto_front, pick
 from tuner.results import TrialRow
 from tuner.scheduler import Scheduler, make_spec
 from tuner.trial_types import TrialOutcome, TrialResult
-
-
-# How far one config's search-phase median drifts from run to run (float32 against itself
-# measured 0.965-1.133 on this project's 2-core machine): a finalist is dropped before the
-# re-measurement only when its median is clearly beyond the leader's by more than this.
-SEARCH_DRIFT = 1.15
 
 
 @dataclass
