@@ -89,11 +89,6 @@ def _clean(line: str) -> str:
     return line if len(line) <= _MESSAGE_LIMIT else line[:_MESSAGE_LIMIT - 3] + "..."
 
 
-def first_line(exc: BaseException) -> str:
-    """The real message of an error, on one line (kept for callers that want only that)."""
-    return read_error(exc).message
-
-
 def _is_user_file(path: str) -> bool:
     if path.startswith("<") or {"site-packages", "dist-packages"} & set(Path(path).parts):
         return False

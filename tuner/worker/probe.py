@@ -69,13 +69,13 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
 def _probe_build(task, first_batch):
     import keras
 
-    from tuner.worker.task_loader import _first_line
+    from tuner.errors import first_line
 
     try:
         model = task.build_model()
     except Exception as exc:
         raise TaskError(f"build_model() in {task.path.name} raised {type(exc).__name__}: "
-                        f"{_first_line(exc)}. Fix the task file.") from exc
+                        f"{first_line(exc)}. Fix the task file.") from exc
     if not isinstance(model, keras.Model):
         raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "
                         f"Received: {type(model).__name__}")
@@ -86,6 +86,6 @@ def _probe_build(task, first_batch):
         except Exception as exc:
             raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
                             f"first batch of train_data() raised {type(exc).__name__}: "
-                            f"{_first_line(exc)}. Make the model accept train_data()'s x.") \
+                            f"{first_line(exc)}. Make the model accept train_data()'s x.") \
                 from exc
     return model

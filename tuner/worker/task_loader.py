@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tuner.errors import TaskError, describe
+from tuner.errors import TaskError, describe, first_line
 
 
 @dataclass
@@ -49,7 +49,7 @@ def load_task(path: str) -> Task:
         spec.loader.exec_module(module)
     except Exception as exc:
         raise TaskError(f"importing task file {resolved.name} raised {type(exc).__name__}: "
-                        f"{_first_line(exc)}. Fix the task file.") from exc
+                        f"{first_line(exc)}. Fix the task file.") from exc
     finally:
         sys.path.remove(str(resolved.parent))
     for name in ("build_model", "train_data", "LOSS"):
@@ -70,11 +70,6 @@ def load_task(path: str) -> Task:
                 batch_size=batch_size, metrics=getattr(module, "METRICS", None))
     _loaded[key] = task
     return task
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def task_file_here(task_path: str, task_source: str | None) -> str:
@@ -127,7 +122,7 @@ def _materialise(task: Task, steps: int) -> list[tuple]:
         data = task.train_data()
     except Exception as exc:
         raise TaskError(f"train_data() in {task.path.name} raised {type(exc).__name__}: "
-                        f"{_first_line(exc)}. Fix the task file.") from exc
+                        f"{first_line(exc)}. Fix the task file.") from exc
     if isinstance(data, tf.data.Dataset):
         elements = _from_dataset(task, data, steps)
     elif isinstance(data, (tuple, list)) and len(data) in (2, 3):

@@ -91,9 +91,9 @@ def _run(spec: TrialSpec) -> TrialResult:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
     except Exception as exc:  # noqa: BLE001 - every failure becomes part of the result
+        paths, loss_layers = _failure_context(model)
         failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train",
-                                                 layer_paths=_layer_paths(model),
-                                                 loss_layers=_sixteen_bit_loss_layers(model))
+                                                 layer_paths=paths, loss_layers=loss_layers)
         partial = result
         result = TrialResult.failed(spec.number, failure_class, message, layer,
                                     warmup_steps=spec.warmup_steps, node=partial.node,
@@ -136,29 +136,21 @@ def _integer_rounding(model, first_batch, spec: TrialSpec) -> tuple[str, str] | 
     return rounding_of(model, x, spec.integer_inputs)
 
 
-def _sixteen_bit_loss_layers(model) -> list[str]:
-    """Layers whose last call added a loss term that is not float32 (``add_loss``)."""
+def _failure_context(model) -> tuple[list[str], list[str]]:
+    """What ``classify`` needs from the model, in one walk of its layers: every layer's path,
+    and the layers whose last call added a loss term that is not float32 (``add_loss``)."""
     if model is None:
-        return []
+        return [], []
     from tuner.keras_apply import layer_paths
 
     try:
-        return [path for layer, path in layer_paths(model)
-                if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
-                       for term in getattr(layer, "_losses", []))]
+        pairs = layer_paths(model)
     except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
-        return []
-
-
-def _layer_paths(model) -> list[str]:
-    if model is None:
-        return []
-    from tuner.keras_apply import layer_paths
-
-    try:
-        return [path for _, path in layer_paths(model)]
-    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
-        return []
+        return [], []
+    loss_layers = [path for layer, path in pairs
+                   if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
+                          for term in getattr(layer, "_losses", []))]
+    return [path for _, path in pairs], loss_layers
 
 
 def batch_size_of(x) -> int | None:
