@@ -215,11 +215,19 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool
     from tuner.sizing import Sizing, enough
 
     sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
+    scaled = keras.optimizers.LossScaleOptimizer
 
     class StepRecorder(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            # Only a LossScaleOptimizer (ours, or the one compile wraps around a mixed_float16
+            # model's) skips updates; reading the step counter costs a sync per read.
+            self.may_skip = isinstance(optimizer, scaled) or \
+                isinstance(getattr(self.model, "optimizer", None), scaled)
+
         def on_train_batch_begin(self, batch, logs=None):
             self.model.reset_metrics()
-            self.iterations = int(optimizer.iterations.numpy())
+            if self.may_skip:
+                self.iterations = int(optimizer.iterations.numpy())
             self.started = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
@@ -237,8 +245,8 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool
             else:
                 result.train_s += elapsed_ms / 1000.0
             result.loss_scales.append(current_loss_scale(optimizer))
-            if int(optimizer.iterations.numpy()) == self.iterations:
-                result.skipped_steps += 1  # a LossScaleOptimizer skipped the update
+            if self.may_skip and int(optimizer.iterations.numpy()) == self.iterations:
+                result.skipped_steps += 1  # the LossScaleOptimizer skipped the update
             if not math.isfinite(loss):
                 result.first_non_finite_step = step
                 result.outcome = TrialOutcome.DIVERGED
