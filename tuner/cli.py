@@ -106,7 +106,7 @@ def _add_tune(commands) -> None:
     tune.add_argument("--trial-seconds", type=_seconds, metavar="S",
                       help="how long the float32 baseline may train while it sizes the "
                            "trials (a slow model gets fewer steps than trial.steps) [default: "
-                           "5]")
+                           "2.5]")
     tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
                       "[default: runs/TASK-TIMESTAMP]")
     tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
