@@ -63,6 +63,11 @@ def _trial_actor_class():
             result["node"] = self._node
             return result
 
+        def keep_live_only(self, spec_dicts: list) -> int:
+            from tuner.worker.live import keep_only
+
+            return keep_only(spec_dicts)
+
         def release_live(self) -> int:
             from tuner.worker.live import release
 
@@ -308,6 +313,20 @@ class RayExecutor:
         self.submit(spec, time_limit_s)
         (result,) = self.wait_any()
         return result
+
+    @property
+    def keeps_live_models(self) -> bool:
+        """True when the re-measurement will run in the actor that runs the trials (a Ray
+        instance this job started, one worker): models kept alive there are timed again."""
+        return self._owns_ray and self.workers == 1
+
+    def keep_live_only(self, specs: list[TrialSpec]) -> None:
+        """Let the trials' actor keep only these specs' models alive."""
+        import ray
+
+        if self._slots and not self.in_flight():
+            ray.get(self._slots[0].actor.keep_live_only.remote([s.to_dict() for s in specs]),
+                    timeout=60)
 
     # -- exclusive timing ------------------------------------------------------------------
     @contextlib.contextmanager
