@@ -120,7 +120,9 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if address is None:
-                    ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                    # "local": a new instance even where `ray start` left one running here
+                    # (a service on this machine), which ray.init() would otherwise join.
+                    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING,
                              object_store_memory=200 * 1024 * 1024)
                     self._owns_ray = True
