@@ -73,7 +73,8 @@ def client_for(address: str, token: str | None):
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    logging.getLogger("ray").setLevel(logging.WARNING)
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         return JobSubmissionClient(address, headers=headers)
@@ -426,6 +427,7 @@ def fetch(args) -> int:
                          " or choose another --out.")
     if args.out.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {args.out}")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     service = Service(args)
     info = service.job(args.job)
     parent = service.parent_run(args.job)

@@ -332,7 +332,7 @@ def _stop_processes(info: ServiceInfo) -> None:
     groups = [pid for pid in (info.mlflow_pid, info.ray_pid) if pid > 0]
     for pid in groups:
         _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 5  # Ray's GCS and raylet may ignore SIGTERM
     while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups):
         time.sleep(0.3)
     for pid in groups:
