@@ -181,8 +181,10 @@ class Service:
             top = max(stable, key=lambda r: r.data.metrics["speedup_vs_float32"])
             best = (f"#{top.data.tags.get('trial_number')} "
                     f"{top.data.metrics['speedup_vs_float32']:.2f}x ~")
-        planned = parent.data.params.get("trials")
-        return {"done": len(done), "planned": int(planned) if planned else None, "best": best,
+        # The plan's budget; once finished, the trials that ran (a small space runs out first).
+        planned = parent.data.metrics.get("trials") or parent.data.params.get("trials")
+        return {"done": len(done), "planned": int(float(planned)) if planned else None,
+                "best": best,
                 "phase": parent.data.tags.get(job_context.PHASE_TAG), "parent": parent}
 
 
