@@ -151,6 +151,8 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
     tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
+    if job_context.job_id() is not None:
+        tracker.trial_tags = {job_context.JOB_ID_TAG: job_context.job_id()}
     records = _Records(tracker, store, plan.matches, clock)
 
     def scheduler_factory(study, requeued) -> Scheduler:

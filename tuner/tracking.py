@@ -200,6 +200,7 @@ class Tracker:
                 self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
                                                EXPERIMENT_KIND)
         self.parent_id: str | None = None
+        self.trial_tags: dict[str, str] = {}   # on every trial run too (a service job's id)
 
     # -- parent ----------------------------------------------------------------------------
     def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
@@ -283,7 +284,7 @@ class Tracker:
                 "trial_number": str(number),
                 "purpose": purpose,
                 "optuna_trial": "-" if optuna_number is None else str(optuna_number),
-                "verdict": "running"}
+                "verdict": "running", **self.trial_tags}
         if placed is not None:  # which layers each float32 group and pattern selected
             tags["float32_layers"] = placement_text(placed)[:5000]
         run = self.client.create_run(self.experiment_id, tags=tags,
