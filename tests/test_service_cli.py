@@ -177,9 +177,9 @@ def test_trial_names_and_the_summary_table_show_verdict_speedup_and_median():
 
     config = PrecisionConfig.from_dict({"policy": "mixed_bfloat16"})
     assert trial_run_name(number=3, config=config, verdict="stable", speedup=1.4234,
-                          median_ms=12.34) == "#3 mixed_bfloat16 — stable, 1.42x, 12.3 ms"
+                          median_ms=12.34) == "#3 stable 1.42x 12.3 ms · mixed_bfloat16"
     assert trial_run_name(number=4, config=config, verdict="failed", speedup=None,
-                          median_ms=None) == "#4 mixed_bfloat16 — failed"
+                          median_ms=None) == "#4 failed · mixed_bfloat16"
     html = table_html({"trial": [0, 1], "verdict": ["stable", "<b>"],
                        "speedup_vs_float32": [1.0, None]})
     assert "<th>verdict</th>" in html and "<td>&lt;b&gt;</td>" in html

@@ -117,7 +117,8 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
-        f"tune {task_name} · {plan.space.name}",
+        f"tune {task_name} · {plan.space.name}"
+        + (f" · job {job_context.job_id()}" if job_context.job_id() else ""),
         params={**plan.settings(), "slow_factor": plan.slow_factor,
                 "finalists": plan.finalists},
         tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description(),

@@ -454,14 +454,15 @@ def ui_links(args) -> int:
     """The service's MLflow UI: one experiment per task, runs tagged with their job id."""
     import webbrowser
 
+    from tuner.tracking import TRIALS_QUERY
+
     service = Service(args)
     base = service.tracking_uri
     print(f"MLflow UI of the service: {base}")
     for experiment in service.mlflow.search_experiments(
             filter_string="name LIKE 'precision-tuner/%'"):
         runs = f"{base}/#/experiments/{experiment.experiment_id}/runs"
-        print(f"  {experiment.name}: {runs}?orderByKey=metrics.%60speedup_vs_float32%60"
-              "&orderByAsc=false")
+        print(f"  {experiment.name}: {runs}?{TRIALS_QUERY}")
     if not args.no_browser:
         try:
             webbrowser.open(base)

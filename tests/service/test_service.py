@@ -262,3 +262,73 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         assert allowed.returncode == 0 and "no jobs yet" in allowed.stdout
     finally:
         assert service.stop().returncode == 0
+
+
+def test_the_service_ui_shows_both_jobs_trials_side_by_side(service, side_by_side):
+    from tests.test_ui_browser import (_close_side_panel, _require_browser, _screenshot,
+                                       _wait_for_text)
+
+    _require_browser()
+    jobs, _, _ = side_by_side
+    shown = service.run("ui", "--no-browser")
+    assert shown.returncode == 0, shown.stderr
+    link = next(line.split(": ", 1)[1] for line in shown.stdout.splitlines()
+                if line.strip().startswith("precision-tuner/tiny_mlp:"))
+    parents = [service.parent_run(job) for job in jobs]
+    (experiment_id,) = {parent.info.experiment_id for parent in parents}
+    assert link.startswith(f"{service.tracking_uri}/#/experiments/{experiment_id}/runs?")
+    runs = service.mlflow().search_runs([experiment_id])
+    trials = [r for r in runs if r.data.tags["precision_tuner.kind"] == "trial"]
+    assert {r.data.tags["precision_tuner.job_id"] for r in trials} == set(jobs)
+    # First view, no columns added: every run by name, the job ids on the tuning jobs, and each
+    # trial's verdict and speedup in its name.
+    for run in trials:
+        figures = run.info.run_name.split(" · ")[0]
+        assert figures.startswith(f"#{run.data.tags['trial_number']} "
+                                  f"{run.data.tags['verdict']}"), run.info.run_name
+        speedup = run.data.metrics.get("speedup_vs_float32")
+        assert speedup is None or f"{speedup:.2f}x" in figures, run.info.run_name
+    browser = _browser()
+    try:
+        browser.get(link)
+        text = _wait_for_text(browser, [*jobs, *{r.info.run_name for r in trials},
+                                        f"{len(runs)} matching runs"])
+        assert re.search(r"#\d+ stable \d\.\d\dx [\d.]+ ms · ", text)
+        _close_side_panel(browser)
+        _screenshot(browser, "mlflow_service_two_jobs.png")
+        browser.get(f"{service.tracking_uri}/#/experiments/{experiment_id}/runs/"
+                    f"{parents[0].info.run_id}/artifacts/summary.html")
+        _wait_for_text(browser, ["summary.html"])
+        frame = _wait_for_frame(browser)
+        browser.switch_to.frame(frame)
+        table = _wait_for_text(browser, ["verdict", "speedup_vs_float32", "median_step_ms"])
+        assert "float32" in table
+        browser.switch_to.default_content()
+        _screenshot(browser, "mlflow_summary_table.png")
+    finally:
+        browser.quit()
+
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as Driver
+
+    from tests.test_ui_browser import CHROME_FLAGS, _require_browser
+
+    chromium, chromedriver = _require_browser()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Driver(chromedriver))
+
+
+def _wait_for_frame(driver, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames = [f for f in driver.find_elements("tag name", "iframe") if f.is_displayed()]
+        if frames:
+            return frames[0]
+        time.sleep(0.5)
+    raise AssertionError("the summary table's frame never appeared:\n"
+                         + driver.find_element("tag name", "body").text[:2000])
