@@ -184,3 +184,33 @@ def test_trial_names_and_the_summary_table_show_verdict_speedup_and_median():
                        "speedup_vs_float32": [1.0, None]})
     assert "<th>verdict</th>" in html and "<td>&lt;b&gt;</td>" in html
     assert html.count("<tr>") == 3 and "<td>-</td>" in html
+
+
+def test_waiting_for_a_node_is_said_once_and_ends_at_the_limit(monkeypatch):
+    import ray
+
+    from tuner.ray_executor import RayExecutor
+
+    class Group:
+        def ready(self):
+            return "ref"
+
+    answers = iter([False, False, True])
+
+    def fake_get(ref, timeout=None):
+        assert ref == "ref" and timeout <= 3.0
+        if not next(answers):
+            raise ray.exceptions.GetTimeoutError()
+        return None
+
+    monkeypatch.setattr(ray, "get", fake_get)
+    executor = RayExecutor.__new__(RayExecutor)
+    said: list[str] = []
+    executor.announce, executor.node_wait_s = said.append, 60.0
+    assert executor._wait_for(Group()) is True
+    assert len(said) == 1 and said[0].startswith("waiting for a node")
+
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: (_ for _ in ()).throw(
+        ray.exceptions.GetTimeoutError()))
+    executor.node_wait_s = 0.0
+    assert executor._wait_for(Group()) is False

@@ -143,7 +143,7 @@ class RayExecutor:
         self.gpus_per_worker = min(1.0, self.total_gpus / workers) if self.total_gpus else 0.0
         self.cpus_per_worker = max(1, self.total_cpus // workers) if not self.total_gpus else 1
         if worker_cpus:
-            self.cpus_per_worker = worker_cpus
+            self.cpus_per_worker = max(1, min(worker_cpus, self.total_cpus))
         self._actor_class = _trial_actor_class()
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
@@ -351,6 +351,7 @@ class RayExecutor:
         if self.total_gpus:
             bundle["GPU"] = 1
         group = placement_group([bundle], strategy="STRICT_PACK")
+        requested = time.time()
         if not self._wait_for(group):
             remove_placement_group(group)
             group = None
@@ -367,7 +368,7 @@ class RayExecutor:
             session.close()
             if group is not None:
                 remove_placement_group(group)
-            self._record_phase(node, began, group is not None)
+            self._record_phase(node, began, group is not None, requested)
 
     def _wait_for(self, group) -> bool:
         """Wait up to ``node_wait_s`` for the reservation; after a few seconds say that the
@@ -398,9 +399,12 @@ class RayExecutor:
         nodes = placement_group_table(group).get("bundles_to_node_id", {})
         return str(next(iter(nodes.values()), "-"))
 
-    def _record_phase(self, node: str, began: float, exclusive: bool) -> None:
-        self.exclusive_phases.append({"node": node, "start": round(began, 3),
-                                      "end": round(time.time(), 3), "exclusive": exclusive})
+    def _record_phase(self, node: str, began: float, exclusive: bool,
+                      requested: float | None = None) -> None:
+        """``requested``: when the node was asked for; ``start``: when the job had it."""
+        self.exclusive_phases.append({"node": node, "requested": round(requested or began, 3),
+                                      "start": round(began, 3), "end": round(time.time(), 3),
+                                      "exclusive": exclusive})
 
     def close(self) -> None:
         import ray

@@ -170,6 +170,10 @@ def test_two_jobs_never_time_their_finalists_on_one_node_at_once(service, side_b
         for job_b, b in phases[index + 1:]:
             if job_a != job_b and a["node"] == b["node"]:
                 assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    # A job that asked for the node while another job held it waited, and said so.
+    for job, phase in phases:
+        if phase["start"] - phase["requested"] > 4:
+            assert "precision-tuner: waiting for a node" in service.client().get_job_logs(job)
 
 
 def test_a_crashing_task_fails_its_own_job_with_the_reason(service, side_by_side):
