@@ -193,3 +193,43 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
     assert len(trials) == len(expected)  # more than the space's `trials: 1`, no config twice
     assert seen == expected
     assert run["exhaustive"] is True and run["trials"] == len(expected)
+
+
+@pytest.mark.slow
+def test_without_steps_the_baseline_sizes_every_trial(tmp_path):
+    """No --steps: float32 trains past the space's floor until its timing and loss decrease
+    are precise enough (or --trial-seconds is spent); every trial then trains its count, and
+    the records say how many and why."""
+    from mlflow import MlflowClient
+
+    run_dir = tmp_path / "run"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/tasks/tiny_mlp.py"), "--space",
+         "quick", "--trials", "3", "--trial-seconds", "1.5", "--executor", "local",
+         "--run-dir", str(run_dir), "--out", str(tmp_path / "best.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    stdout = " ".join(completed.stdout.split())
+    assert "steps sized by the float32 baseline: at least 30, at most 1.5 s of training" in stdout
+    run = json.loads((run_dir / "run.json").read_text())
+    trials = read_trials(run_dir)
+    steps = run["steps"]
+    assert run["sizing"] is None and run["sized_by"] and run["batch_pool"] == 50
+    assert steps >= 30 and f"steps: every trial trains {steps} steps, as float32 did until" \
+        in stdout
+    baseline = trials[0]["result"]
+    assert len(baseline["losses"]) == steps and baseline["sized_by"] == run["sized_by"]
+    # Sized by precision, or stopped by the cap after 1.5 s of training: nothing else.
+    if run["sized_by"].startswith("the time cap"):
+        assert sum(baseline["step_times_ms"][1:]) >= 1500
+    else:
+        assert run["sized_by"].startswith("its median step time known to +-")
+    for trial in trials[1:]:
+        if trial["verdict"] in ("stable", "unstable"):
+            assert len(trial["result"]["losses"]) == steps
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    parent = next(r for r in client.search_runs(
+        [client.get_experiment_by_name("precision-tuner/tiny_mlp").experiment_id])
+        if r.data.tags.get("precision_tuner.kind") == "tuning_job")
+    assert parent.data.metrics["steps_per_trial"] == steps
+    assert parent.data.tags["steps_sized_by"] == run["sized_by"]

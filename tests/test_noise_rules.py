@@ -195,6 +195,29 @@ def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
                    None).trials == plan.space.size()
 
 
+def test_a_plan_without_steps_sizes_its_baseline_and_a_resume_keeps_the_sized_count(tmp_path):
+    from tuner.plan import Flags, resolve
+
+    flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick",
+                  trial_seconds=2.5)
+    plan = resolve(flags, None)
+    assert plan.sizing is not None and (plan.sizing.floor, plan.sizing.cap_s) == (30, 2.5)
+    assert plan.sizing.min_steps == plan.warmup_steps + 3 and plan.batch_pool == 50
+    fixed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=40), None)
+    assert fixed.sizing is None and fixed.batch_pool == 40 and fixed.describe_steps() == "40 steps"
+    # Killed before the baseline finished: the resume sizes it again, by the same rule.
+    pending = {**plan.settings(), "status": "running"}
+    again = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), pending)
+    assert again.sizing == plan.sizing and again.steps == 30
+    # Sized: the resume trains the sized count, on the same pool of batches.
+    sized = {**plan.sized(140, "the time cap").settings(), "status": "running"}
+    resumed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), sized)
+    assert (resumed.sizing, resumed.steps, resumed.sized_by, resumed.batch_pool) == \
+        (None, 140, "the time cap", 50)
+    with pytest.raises(UsageError, match="a resumed run keeps how its trials were sized"):
+        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, trial_seconds=3), sized)
+
+
 # -- search-phase intervals: dropping finalists that are clearly behind ---------------------------
 def test_the_median_interval_covers_the_median_and_narrows_with_samples():
     from tuner.noise import median_interval

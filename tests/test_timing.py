@@ -31,6 +31,10 @@ def test_phases_and_worker_parts_add_up():
     assert metrics["time_trials_s"] == 10.0 and metrics["time_trials_trace_s"] == 4.0
     assert metrics["time_re_measurement_build_s"] == 0.0 and metrics["time_other_s"] == 6.0
     assert clock.to_dict(20.0)["workers"]["trials"]["runs"] == 2
+    # timing.json gives back the same breakdown (the benchmark prints it from there).
+    import json
+    again = TimeBreakdown.from_dict(json.loads(json.dumps(clock.to_dict(20.0))))
+    assert again.describe(20.0) == line
 
 
 def test_a_phase_is_timed_even_when_it_raises():

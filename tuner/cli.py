@@ -48,6 +48,17 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds such as 5, got "
+                                         f"{text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be in (0, 3600] seconds, got {value:g}")
+    return value
+
+
 def _gain(text: str) -> float:
     try:
         value = float(text)
@@ -90,7 +101,13 @@ def _add_tune(commands) -> argparse.ArgumentParser:
                       help="try every config of the space instead of a budget of trials (the "
                            "grid; its size is printed first). Not with --trials")
     tune.add_argument("--steps", type=_positive_int,
-                      help="training steps per trial [default: the space's trial.steps]")
+                      help="training steps per trial, fixed [default: sized by the float32 "
+                           "baseline: at least the space's trial.steps, more for a fast model "
+                           "until its step time and loss decrease are precise enough]")
+    tune.add_argument("--trial-seconds", type=_seconds, metavar="S",
+                      help="how long the float32 baseline may train while it sizes the "
+                           "trials (a slow model gets fewer steps than trial.steps) [default: "
+                           "5]")
     tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
                       "[default: runs/TASK-TIMESTAMP]")
     tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
@@ -358,7 +375,7 @@ def _tune(args) -> int:
 
     budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
-                  f"[bold]{plan.space.name}[/] ({budget} x {plan.steps} steps)")
+                  f"[bold]{plan.space.name}[/] ({budget}, {plan.describe_steps()})")
     staged = StagedStores() if previous is None and not args.tracking_uri else None
     try:
         with _executor(args, console) as executor:
@@ -409,7 +426,8 @@ def _fit_to_model(executor, plan, console, clock, started: float):
 
     console.print("starting the TensorFlow worker and checking the task...")
     # One call: the task is loaded and the model built once for the check and the diagnostics.
-    task_info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers,
+    task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
+                               plan.space.float32_layers,
                                ceiling=True, diagnose_steps=3)
     diagnostics = task_info.pop("diagnostics")
     parts = {"task check": task_info.get("probe_s", 0.0),
@@ -441,7 +459,8 @@ def _flags(args, task_path: Path):
                  exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
                  finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
                  min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
-                 objective=args.objective, memory_slack=args.memory_slack)
+                 objective=args.objective, memory_slack=args.memory_slack,
+                 trial_seconds=args.trial_seconds)
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -67,38 +67,81 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
 
 
 class _Records:
-    """Each trial in MLflow (a child run, opened when it starts) and in trials.jsonl."""
+    """Each trial in trials.jsonl (at once: the crash-safe record) and in MLflow (a child run,
+    opened when it starts), written off the critical path.
+
+    MLflow's calls (a SQLite transaction or an HTTP request each) run in order on one
+    background thread, so the next trial starts while the last one is still being logged; the
+    driver waits only for a trial's run id, which was created while the trial ran. ``flush``
+    waits for everything queued (and raises what failed) and is called before the parent run
+    closes, fails or is killed. A kill before the queue drained leaves trials in trials.jsonl
+    whose MLflow runs are still open: a resume catches them up from trials.jsonl
+    (``_open``).
+    """
 
     def __init__(self, tracker, store: RunStore, matches: dict[str, Any] | None,
                  clock: TimeBreakdown) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.tracker = tracker
         self.matches = matches
         self.store = store
         self.clock = clock
-        self.open_runs: dict[int, str] = {}
-        self._start_s: dict[int, float] = {}   # time spent opening each trial's records
+        self.open_runs: dict[int, Any] = {}    # trial number -> Future of its MLflow run id
+        self._queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-records")
+        self._queued: list[Any] = []
+
+    def later(self, call, *args, **kwargs):
+        future = self._queue.submit(call, *args, **kwargs)
+        self._queued.append(future)
+        return future
+
+    def flush(self) -> None:
+        """Wait until MLflow has everything queued; re-raise the first failure."""
+        queued, self._queued = self._queued, []
+        for future in queued:
+            future.result()
+
+    def open_run_ids(self) -> list[str]:
+        """The MLflow runs of trials still running (their creation waited for)."""
+        ids = []
+        for future in self.open_runs.values():
+            try:
+                ids.append(future.result())
+            except Exception:  # noqa: BLE001 - a run that was never created needs no closing
+                pass
+        return ids
 
     def trial_started(self, number: int, config: PrecisionConfig, optuna_number: int | None,
                       repair: bool) -> None:
-        began = time.perf_counter()
         placed = placed_layers(config, self.matches) if self.matches is not None else None
-        self.open_runs[number] = self.tracker.start_trial(
-            number=number, config=config, optuna_number=optuna_number,
-            purpose="repair" if repair else "search", placed=placed)
-        self._start_s[number] = time.perf_counter() - began
+        self.open_runs[number] = self.later(
+            self.tracker.start_trial, number=number, config=config,
+            optuna_number=optuna_number, purpose="repair" if repair else "search",
+            placed=placed)
 
     def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None:
         began = time.perf_counter()
-        row.run_id = self.open_runs.pop(row.number)
+        row.run_id = self.open_runs.pop(row.number).result()  # created while the trial ran
         if self.matches is not None:
             row.placed = placed_layers(row.config, self.matches)
-        self.tracker.log_trial(row.run_id, config=row.config, result=row.result,
-                               judgement=row.judgement, baseline_ms=baseline_ms)
-        row.record_s = self._start_s.pop(row.number, 0.0) + time.perf_counter() - began
+        self.later(self.tracker.log_trial, row.run_id, config=row.config, result=row.result,
+                    judgement=row.judgement, baseline_ms=baseline_ms)
         if row.number == 0 and not row.judgement.stable:
+            self.flush()
             return  # the job ends here; a resume must start from a good baseline
         self.store.append_trial(row_record(row))
+        row.record_s = time.perf_counter() - began
         self.clock.workers["trials"].record_s += row.record_s
+
+    def steps_sized(self, steps: int, why: str) -> None:
+        """The run's step count, decided by the sized baseline: in run.json (a resume keeps
+        it) and on the MLflow parent run."""
+        self.store.update_run(steps=steps, sizing=None, sized_by=why)
+        self.later(self.tracker.log_sizing, steps, why)
+
+    def close(self) -> None:
+        self._queue.shutdown(wait=True)
 
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
@@ -109,10 +152,17 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
         study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True,
                              objective=plan.objective)
         requeued = recover_study(study)
-        tracker.resume_parent(record["parent_run_id"])
+        trials = store.read_trials()
+        recorded = {t["run_id"] for t in trials if t.get("run_id")}
+        behind = tracker.resume_parent(record["parent_run_id"], recorded=recorded)
         _tag_job(tracker, record["parent_run_id"])
         scheduler = scheduler_factory(study, requeued)
-        scheduler.restore(store.read_trials())
+        scheduler.restore(trials)
+        baseline_ms = scheduler.baseline.judgement.median_step_ms if scheduler.baseline else None
+        for row in scheduler.rows:  # finished, but killed before MLflow had it: catch up
+            if row.run_id in behind:
+                tracker.log_trial(row.run_id, config=row.config, result=row.result,
+                                  judgement=row.judgement, baseline_ms=baseline_ms)
         return study, scheduler
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
@@ -165,28 +215,35 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     if hasattr(executor, "announce"):  # a shared cluster: say in MLflow when waiting for a node
         executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
-        tracker.log_diagnostics(diagnostics)
+        records.later(tracker.log_diagnostics, diagnostics)
     if task_info.get("ceiling"):
-        tracker.log_ceiling(task_info["ceiling"])
+        records.later(tracker.log_ceiling, task_info["ceiling"])
     clock.add("opening records", time.perf_counter() - opening)
     try:
         with clock.phase("trials"):
             exhausted = scheduler.run()
+            # Nothing of ours may run beside the re-measurement's timings.
+            records.flush()
+        plan = scheduler.plan  # with the sized step count
         with clock.phase("re-measurement"):
             outcome = remeasure(scheduler)
         _record_exclusive_phases(executor, store, tracker)
     except KeyboardInterrupt:
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
         # re-queued by the next `tune` on this run directory), and stop.
-        for run_id in records.open_runs.values():
+        _flush_quietly(records)
+        for run_id in records.open_run_ids():
             tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
         tracker.client.set_terminated(tracker.parent_id, "KILLED")
         store.update_run(status="interrupted")
         raise
     except Exception:
+        _flush_quietly(records)
         tracker.client.set_terminated(tracker.parent_id, "FAILED")
         store.update_run(status="failed")
         raise
+    finally:
+        records.close()
     if plan.objective != "speed" and getattr(executor, "runs_here", False):
         with clock.phase("memory check"):
             outcome.objective_lines.append(_fresh_rss_line(plan, outcome.winner,
@@ -205,6 +262,15 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                         "outside_training_fraction": summary.outside_training_fraction},
                        timing)
     return summary
+
+
+def _flush_quietly(records: _Records) -> None:
+    """Drain the MLflow queue on the way out of a failed job: the job's own error is the one
+    to report."""
+    try:
+        records.flush()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _fresh_rss_line(plan: RunPlan, winner: TrialRow, baseline: TrialRow) -> str:

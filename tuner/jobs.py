@@ -40,7 +40,7 @@ JOB_KIND = "job"
 # output -- are the service's business).
 FORWARDED = ("space", "trials", "exhaustive", "steps", "seed", "tolerance", "time_limit",
              "workers", "finalists", "min_gain", "objective", "memory_slack",
-             "keep_slow_policies")
+             "keep_slow_policies", "trial_seconds")
 
 
 # -- connecting ----------------------------------------------------------------------------
@@ -205,18 +205,18 @@ def forwarded_flags(args, parser_defaults: dict[str, Any], options: dict[str, st
 def check_submission(args) -> tuple[Path, Path | None]:
     """Everything ``tune`` would refuse, refused here, before anything is sent: the same
     one-line messages, exit code 2. Returns the task file and the space file (if a file)."""
-    from tuner.plan import Flags, resolve
+    import argparse
+
+    from tuner.cli import _flags
+    from tuner.plan import resolve
     from tuner.task_file import check_task_file
 
     task_path = check_task_file(args.task)
     if args.resume_job:
         return task_path, None
-    resolve(Flags(task_path=task_path, run_dir=Path("."), space=args.space, trials=args.trials,
-                  steps=args.steps, seed=args.seed, tolerance=args.tolerance,
-                  exhaustive=args.exhaustive, tracking_uri=None, finalists=args.finalists,
-                  trial_time_limit_s=float(args.time_limit), min_gain=args.min_gain,
-                  keep_slow_policies=args.keep_slow_policies, objective=args.objective,
-                  memory_slack=args.memory_slack), None)
+    # The very flags tune would resolve (the run directory and tracking are the service's).
+    resolve(_flags(argparse.Namespace(**{**vars(args), "run_dir": Path("."),
+                                         "tracking_uri": None}), task_path), None)
     space_file = None
     if args.space and (args.space.endswith((".yaml", ".yml")) or os.sep in args.space):
         space_file = Path(args.space).resolve()

@@ -17,6 +17,7 @@ from tuner.config import compute_dtype_of
 from tuner.decision import DEFAULT_MIN_GAIN
 from tuner.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
+from tuner.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
 from tuner.space import MIN_TIMED_STEPS, SearchSpace, load_space
 from tuner.space_yaml import looks_like_path
 from tuner.timing import CANNOT_WIN_BELOW
@@ -51,6 +52,7 @@ class Flags:
     keep_slow_policies: bool = False
     objective: str | None = None
     memory_slack: float | None = None
+    trial_seconds: float | None = None  # the sizing cap (tuner.sizing); only without --steps
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,11 @@ class RunPlan:
     # Policies left out because the device's ceiling says they cannot win; None until decided
     # (a resumed run keeps what its run decided).
     skipped_policies: tuple[str, ...] | None = None
+    # Steps not fixed by --steps: the float32 baseline trial is sized by this rule and every
+    # later trial trains its count (``sized``); None once sized, or when --steps fixed it.
+    sizing: Sizing | None = None
+    sized_by: str = ""                  # why the baseline stopped where it did
+    batch_pool: int | None = None       # distinct batches every run cycles through
 
     @property
     def warmup_steps(self) -> int:
@@ -99,7 +106,19 @@ class RunPlan:
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
                 "skipped_policies": list(self.skipped_policies or ()),
-                "objective": self.objective, "memory_slack": self.memory_slack}
+                "objective": self.objective, "memory_slack": self.memory_slack,
+                "sizing": self.sizing.to_dict() if self.sizing else None,
+                "sized_by": self.sized_by, "batch_pool": self.batch_pool}
+
+    def sized(self, steps: int, why: str) -> "RunPlan":
+        """The plan once the baseline is sized: every later run trains ``steps`` steps."""
+        return dataclasses.replace(self, steps=steps, sizing=None, sized_by=why)
+
+    def describe_steps(self) -> str:
+        if self.sizing is None:
+            return f"{self.steps} steps"
+        return (f"steps sized by the float32 baseline: at least {self.sizing.floor}, at most "
+                f"{self.sizing.cap_s:g} s of training")
 
     def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
         """The plan over the space fitted to the model: float32 groups that select no layer
@@ -170,8 +189,22 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         ref, recorded = space_ref(flags.space or "quick"), {}
     space = load_space(ref)
     exhaustive = recorded.get("exhaustive", flags.exhaustive)
+    if flags.steps is not None and flags.trial_seconds is not None:
+        raise UsageError(f"--trial-seconds caps how long trials are sized; --steps fixes their "
+                         f"count instead. Received: --steps {flags.steps} --trial-seconds "
+                         f"{flags.trial_seconds:g}. Drop one of the two.")
     steps = recorded.get("steps") or flags.steps or space.budget.steps
     check_steps(steps, space.budget.warmup_steps, "--steps")
+    if previous is not None:
+        sizing = Sizing.from_dict(recorded["sizing"]) if recorded.get("sizing") else None
+        pool = recorded.get("batch_pool") or steps
+    elif flags.steps is None:
+        sizing = Sizing(floor=steps, min_steps=space.budget.warmup_steps + MIN_TIMED_STEPS,
+                        cap_s=flags.trial_seconds or DEFAULT_CAP_S,
+                        tolerance=flags.tolerance or space.budget.min_loss_decrease_ratio)
+        pool = max(steps, BATCH_POOL)
+    else:
+        sizing, pool = None, steps
     trials = space.size() if exhaustive else (recorded.get("trials") or flags.trials
                                               or space.trials)
     return RunPlan(
@@ -185,7 +218,8 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         keep_slow_policies=flags.keep_slow_policies,
         objective=recorded.get("objective") or flags.objective or "speed",
         memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
-        skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None)
+        skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
+        sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool)
 
 
 def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
@@ -205,6 +239,9 @@ def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
     given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
              "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance,
              "objective": flags.objective, "memory_slack": flags.memory_slack}
+    if flags.trial_seconds is not None:
+        raise UsageError(f"--trial-seconds {flags.trial_seconds:g}: a resumed run keeps how its "
+                         "trials were sized. Drop --trial-seconds, or start a new --run-dir.")
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
         if value is not None and value != previous.get(key):

@@ -16,7 +16,7 @@ from tuner.plan import RunPlan
 from tuner.proposer import Proposal, Proposer
 from tuner.results import NoProgress, Progress, TrialRow
 from tuner.timing import TimeBreakdown
-from tuner.trial_types import TrialResult, TrialSpec
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.verdict import Judgement, judge
 
 # The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
@@ -30,6 +30,7 @@ class TrialRecords(Protocol):
     def trial_started(self, number: int, config: PrecisionConfig,
                       optuna_number: int | None, repair: bool) -> None: ...
     def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None: ...
+    def steps_sized(self, steps: int, why: str) -> None: ...
 
 
 def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
@@ -37,7 +38,8 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
     return TrialSpec(number=number, task_path=str(plan.task_path), config=config.to_dict(),
                      steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
                      stop_if_slower_than_ms=stop_if_slower_than_ms,
-                     integer_inputs=[dict(entry) for entry in plan.integer_inputs])
+                     integer_inputs=[dict(entry) for entry in plan.integer_inputs],
+                     batch_pool=plan.batch_pool)
 
 
 class Scheduler:
@@ -119,6 +121,8 @@ class Scheduler:
         if self.rows and (self.rows[0].number != 0 or self.rows[0].config.policy != "float32"):
             raise TunerError("the run directory's trials.jsonl does not start with the float32 "
                              "baseline; it cannot be resumed. Start a new --run-dir.")
+        if self.rows and self.plan.sizing is not None:  # killed before run.json said so
+            self._size(self.rows[0].result)
 
     # -- the search ------------------------------------------------------------------------
     def run(self) -> bool:
@@ -153,10 +157,23 @@ class Scheduler:
         spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
         # The baseline's model stays alive in its worker: the re-measurement starts from it.
         spec.keep_live = number == 0
+        if number == 0 and self.plan.sizing is not None:
+            spec.sizing = self.plan.sizing.to_dict()
         self.executor.submit(spec, self.plan.trial_time_limit_s)
+
+    def _size(self, baseline: TrialResult) -> None:
+        """Every later run trains as many steps as the sized baseline did."""
+        steps = max(len(baseline.losses), self.plan.warmup_steps + 1)
+        why = baseline.sized_by or f"the floor ({self.plan.sizing.floor} steps)"
+        self.plan = self.plan.sized(steps, why)
+        self.records.steps_sized(steps, why)
+        self.progress.phase(f"steps: every trial trains {steps} steps, as float32 did until {why}")
 
     def _finish(self, proposal: Proposal, result: TrialResult) -> None:
         trial = proposal.optuna_trial
+        if not self.rows and self.plan.sizing is not None and \
+                result.outcome is TrialOutcome.COMPLETED:
+            self._size(result)
         row = TrialRow(result.number, proposal.config, result, self.judge(result),
                        optuna_number=trial.number if trial is not None else None,
                        repair=proposal.is_repair)

@@ -102,6 +102,13 @@ class TimeBreakdown:
         return {"wall_s": wall_s, "phases": dict(self.phases), "other_s": self.other_s(wall_s),
                 "workers": {name: asdict(worker) for name, worker in self.workers.items()}}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TimeBreakdown":
+        """Back from timing.json (``to_dict``)."""
+        return cls(phases=dict(data["phases"]),
+                   workers={name: WorkerTime(**worker)
+                            for name, worker in data["workers"].items()})
+
     def metrics(self, wall_s: float) -> dict[str, float]:
         """Flat MLflow metrics: ``time_<phase>_s`` and ``time_<phase>_<part>_s``."""
         def key(name: str) -> str:

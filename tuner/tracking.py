@@ -242,6 +242,12 @@ class Tracker:
                                            for dtype, speed in ceiling["speed"].items()])
         self.client.set_tag(self.parent_id, "ceiling", describe_ceiling(ceiling)[:5000])
 
+    def log_sizing(self, steps: int, why: str) -> None:
+        """How many steps every trial trains, as the sized float32 baseline decided."""
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, [("steps_per_trial", float(steps))])
+        self.client.set_tag(self.parent_id, "steps_sized_by", why[:5000])
+
     def log_timing(self, metrics: dict[str, float], breakdown: dict[str, Any]) -> None:
         """Where the job's wall time went (after the parent run closed: the records' own time
         is part of it)."""
@@ -266,18 +272,24 @@ class Tracker:
         self.client.set_tag(self.parent_id, "recommended_initial_loss_scale",
                             f"2^{diagnostics['loss_scale']['exponent']}")
 
-    def resume_parent(self, parent_id: str) -> list[str]:
-        """Continue an interrupted job's parent run; end its orphaned trial runs as killed."""
+    def resume_parent(self, parent_id: str, recorded: set[str] = frozenset()) -> set[str]:
+        """Continue an interrupted job's parent run. Its trial runs still open are ended as
+        killed, except those of trials the run directory ``recorded`` as finished (killed
+        before MLflow had their results): their ids are returned, for the caller to log."""
         self.parent_id = parent_id
         self.client.update_run(parent_id, status="RUNNING")
         orphans = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and "
                           "attributes.status = 'RUNNING'")
+        behind = set()
         for run in orphans:
-            self.kill_trial(run.info.run_id, "the tuning process was stopped during this "
-                                             "trial; it was re-queued")
-        return [run.info.run_id for run in orphans]
+            if run.info.run_id in recorded:
+                behind.add(run.info.run_id)
+            else:
+                self.kill_trial(run.info.run_id, "the tuning process was stopped during this "
+                                                 "trial; it was re-queued")
+        return behind
 
     # -- children --------------------------------------------------------------------------
     def start_trial(self, *, number: int, config: PrecisionConfig,

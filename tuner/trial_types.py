@@ -51,6 +51,12 @@ class TrialSpec:
     integer_inputs: list[dict[str, Any]] = field(default_factory=list)
     # Keep the trained model alive in the worker for the re-measurement (tuner.worker.live).
     keep_live: bool = False
+    # tuner.sizing.Sizing.to_dict(): train past ``steps`` until the timing and the loss
+    # comparison are precise enough (the float32 baseline of a run without --steps).
+    sizing: dict[str, Any] | None = None
+    # How many of the task's batches the run cycles through (None: ``steps``). Every trial of
+    # a run uses the same pool, so all see the same data in the same order.
+    batch_pool: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +81,7 @@ class TrialResult:
     failure_message: str = ""
     failure_layer: str | None = None
     stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
+    sized_by: str = ""        # a sized run: why it stopped where it did (tuner.sizing)
     # What training needs, counted from the model's tensors (tuner.worker.memory).
     training_memory: dict[str, Any] | None = None
     warmup_steps: int = 0

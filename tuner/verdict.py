@@ -42,7 +42,7 @@ class Judgement:
         return self.verdict is Verdict.STABLE
 
 
-_NOISE_SIGMAS = 2.0  # a difference within this many standard errors is noise
+NOISE_SIGMAS = 2.0  # a difference within this many standard errors is noise
 
 
 def _window(steps: int) -> int:
@@ -110,7 +110,7 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
 
 def _judge_baseline(result: TrialResult, median: float | None) -> Judgement:
     base, noise = loss_decrease(result.losses), decrease_noise(result.losses)
-    if base is None or base <= _NOISE_SIGMAS * noise:
+    if base is None or base <= NOISE_SIGMAS * noise:
         return Judgement(Verdict.STABLE, "", 1.0, median, _barely_learned(base, noise,
                                                                           len(result.losses)))
     return Judgement(Verdict.STABLE, "", 1.0, median)
@@ -118,7 +118,7 @@ def _judge_baseline(result: TrialResult, median: float | None) -> Judgement:
 
 def _barely_learned(base: float | None, noise: float, steps: int) -> str:
     amount = "no measurable decrease" if base is None else \
-        f"decrease {base:.3g} within its noise (+-{_NOISE_SIGMAS * noise:.2g})"
+        f"decrease {base:.3g} within its noise (+-{NOISE_SIGMAS * noise:.2g})"
     return (f"float32 itself barely learned in {steps} steps ({amount}): trials are judged "
             "on ending no worse than float32, not on a ratio")
 
@@ -131,8 +131,8 @@ def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: flo
                          "finite losses)", None, median)
     noise = decrease_noise(baseline.losses)
     # Plus a relative sliver, so that identical noiseless curves compare equal at any scale.
-    margin = _NOISE_SIGMAS * noise + 1e-3 * abs(statistics.fmean(baseline.losses))
-    if base <= _NOISE_SIGMAS * noise:
+    margin = NOISE_SIGMAS * noise + 1e-3 * abs(statistics.fmean(baseline.losses))
+    if base <= NOISE_SIGMAS * noise:
         # Same batches, same order: compare where the two runs end, against the noise.
         window = _window(len(baseline.losses))
         gap = statistics.fmean(result.losses[-window:]) - \

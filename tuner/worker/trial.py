@@ -60,7 +60,7 @@ def _run(spec: TrialSpec) -> TrialResult:
 
         reset_keras_state(spec.seed)
         task = load_task(task_file_here(spec.task_path, spec.task_source))
-        batches = fixed_batches(task, spec.steps)
+        batches = fixed_batches(task, spec.batch_pool or spec.steps)
         config = PrecisionConfig.from_dict(spec.config)
         memory.start()
         with config.scope():
@@ -169,15 +169,15 @@ def _compile(model, task, config: PrecisionConfig):
 
 
 def _fit_steps(model, batches, steps: int, callbacks=()) -> None:
-    """Train ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
+    """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
 
     ``fit`` hands ``train_step`` each batch in the structure the task's data has (``(x, y)``
-    or ``(x, y, sample_weight)``) and runs its compiled train function per step. One epoch per
-    step: ``fit`` resets the metrics at each epoch's start, outside the step, so the logged
-    loss is that step's loss and not a running mean over the steps so far.
+    or ``(x, y, sample_weight)``) and runs its compiled train function per step, in one epoch
+    (an epoch per step cost 5-6 ms of ``fit``'s own bookkeeping per step here, half a small
+    model's step). A callback may stop it early (``model.stop_training``).
     """
     if steps > 0:
-        model.fit(_batch_dataset(batches, steps), epochs=steps, steps_per_epoch=1,
+        model.fit(_batch_dataset(batches, steps), epochs=1, steps_per_epoch=steps,
                   shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
@@ -204,15 +204,30 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
     function and its conversion of the step's logs to Python numbers, which waits for the step
     to finish (so the time is the step's, not the time to queue it). Everything recorded here
-    (loss scale, optimizer iterations) is read outside that window.
+    (loss scale, optimizer iterations) is read outside that window. The model's metrics are
+    reset before each step, as ``fit`` does at an epoch's start, so the logged loss is that
+    step's loss and not a running mean. A sized run (``spec.sizing``) stops once
+    ``tuner.sizing.enough`` says so.
     """
     import keras
 
     from tuner.loss_scaling import current_loss_scale
+    from tuner.sizing import Sizing, enough
+
+    sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
+    scaled = keras.optimizers.LossScaleOptimizer
 
     class StepRecorder(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            # Only a LossScaleOptimizer (ours, or the one compile wraps around a mixed_float16
+            # model's) skips updates; reading the step counter costs a sync per read.
+            self.may_skip = isinstance(optimizer, scaled) or \
+                isinstance(getattr(self.model, "optimizer", None), scaled)
+
         def on_train_batch_begin(self, batch, logs=None):
-            self.iterations = int(optimizer.iterations.numpy())
+            self.model.reset_metrics()
+            if self.may_skip:
+                self.iterations = int(optimizer.iterations.numpy())
             self.started = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
@@ -230,8 +245,8 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool
             else:
                 result.train_s += elapsed_ms / 1000.0
             result.loss_scales.append(current_loss_scale(optimizer))
-            if int(optimizer.iterations.numpy()) == self.iterations:
-                result.skipped_steps += 1  # a LossScaleOptimizer skipped the update
+            if self.may_skip and int(optimizer.iterations.numpy()) == self.iterations:
+                result.skipped_steps += 1  # the LossScaleOptimizer skipped the update
             if not math.isfinite(loss):
                 result.first_non_finite_step = step
                 result.outcome = TrialOutcome.DIVERGED
@@ -242,12 +257,19 @@ def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool
                 result.outcome = TrialOutcome.STOPPED_SLOW
                 result.stop_reason = reason
                 self.model.stop_training = True
+            elif sizing is not None:
+                sized_by = enough(result.losses, result.step_times_ms, spec.warmup_steps,
+                                  sizing)
+                if sized_by:
+                    result.sized_by = sized_by
+                    self.model.stop_training = True
 
     return StepRecorder()
 
 
 def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> None:
-    _fit_steps(model, batches, spec.steps, [_step_recorder(optimizer, spec, result)])
+    steps = spec.steps if spec.sizing is None else spec.sizing["max_steps"]
+    _fit_steps(model, batches, steps, [_step_recorder(optimizer, spec, result)])
 
 
 _MAX_REPLAY_STEPS = 50

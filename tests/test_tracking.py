@@ -1,0 +1,83 @@
+"""Records off the critical path: trials.jsonl at once, MLflow on a background thread; a resume
+catches MLflow up with what trials.jsonl has."""
+
+import threading
+
+import pytest
+
+from tuner.config import PrecisionConfig
+from tuner.job import _Records
+from tuner.results import TrialRow
+from tuner.run_store import RunStore
+from tuner.timing import TimeBreakdown
+from tuner.trial_types import TrialOutcome, TrialResult
+from tuner.verdict import Judgement, Verdict
+
+
+class SlowTracker:
+    """Stands in for MLflow: creating a run is quick, logging a result waits for ``release``."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.release = threading.Event()
+        self.logged: list[str] = []
+        self.fail = fail
+
+    def start_trial(self, *, number, **_):
+        return f"run-{number}"
+
+    def log_trial(self, run_id, **_):
+        self.release.wait(timeout=30)
+        if self.fail:
+            raise RuntimeError("the tracking store is read-only")
+        self.logged.append(run_id)
+
+
+def row(number: int) -> TrialRow:
+    result = TrialResult(number=number, outcome=TrialOutcome.COMPLETED, losses=[1.0, 0.9],
+                         step_times_ms=[5.0, 1.0])
+    return TrialRow(number, PrecisionConfig(), result, Judgement(Verdict.STABLE, "", 1.0, 1.0))
+
+
+def test_a_trial_is_on_disk_before_mlflow_has_it_and_the_next_trial_does_not_wait(tmp_path):
+    tracker, store = SlowTracker(), RunStore(tmp_path)
+    records = _Records(tracker, store, None, TimeBreakdown())
+    records.trial_started(0, PrecisionConfig(), 0, repair=False)
+    finished = row(0)
+    records.trial_finished(finished, 1.0)            # returns while MLflow is still busy
+    assert [t["number"] for t in store.read_trials()] == [0]
+    assert store.read_trials()[0]["run_id"] == "run-0" == finished.run_id
+    assert tracker.logged == []
+    records.trial_started(1, PrecisionConfig(), 1, repair=False)  # queued behind it
+    tracker.release.set()
+    records.flush()
+    assert tracker.logged == ["run-0"]
+    records.close()
+
+
+def test_a_failure_to_record_in_mlflow_is_raised_at_the_flush(tmp_path):
+    tracker = SlowTracker(fail=True)
+    tracker.release.set()
+    records = _Records(tracker, RunStore(tmp_path), None, TimeBreakdown())
+    records.trial_started(0, PrecisionConfig(), 0, repair=False)
+    records.trial_finished(row(0), 1.0)
+    with pytest.raises(RuntimeError, match="read-only"):
+        records.flush()
+    records.close()
+
+
+def test_a_resume_keeps_the_open_runs_of_recorded_trials_and_kills_the_others(tmp_path):
+    from tuner.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, tmp_path, "precision-tuner/t")
+    parent = tracker.start_parent("tune t", params={}, tags={})
+    recorded = tracker.start_trial(number=0, config=PrecisionConfig())
+    running = tracker.start_trial(number=1, config=PrecisionConfig())
+
+    resumed = Tracker(uri, tmp_path, "precision-tuner/t")
+    behind = resumed.resume_parent(parent, recorded={recorded})
+    assert behind == {recorded}
+    client = resumed.client
+    assert client.get_run(recorded).info.status == "RUNNING"   # the caller logs it
+    killed = client.get_run(running)
+    assert killed.info.status == "KILLED" and killed.data.tags["verdict"] == "killed"
