@@ -132,16 +132,42 @@ class Service:
             self._mlflow = MlflowClient(self.tracking_uri)
         return self._mlflow
 
-    def job(self, job_id: str):
-        """The Ray job ``job_id``, which must be one of this service's tuning jobs."""
+    def job(self, job_id: str, required: bool = True):
+        """The Ray job ``job_id``, which must be one of this service's tuning jobs (or None,
+        when not ``required``: Ray forgets its jobs when the cluster restarts; MLflow keeps
+        their runs)."""
         try:
             info = self.jobs.get_job_info(job_id)
         except Exception:  # noqa: BLE001 - Ray raises RuntimeError for an unknown id
             info = None
         if info is None or (info.metadata or {}).get("precision_tuner") != JOB_KIND:
+            if not required:
+                return None
             raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}. "
                              "List the jobs with `precision-tuner jobs`.")
         return info
+
+    def recorded_job(self, job_id: str) -> dict[str, Any]:
+        """What a resubmission needs of ``job_id``: from the Ray job, or, after the cluster
+        restarted, from its MLflow parent run (then tune's unrecorded flags -- workers, time
+        limit, finalists -- fall back to their defaults)."""
+        info = self.job(job_id, required=False)
+        if info is not None:
+            meta = info.metadata
+            return {"task": meta.get("task"), "run_root": meta["run_root"],
+                    "tune_args": json.loads(meta["tune_args"]),
+                    "flags": json.loads(meta.get("flags_json", "[]")),
+                    "running": not info.status.is_terminal(), "status": info.status.value}
+        parent = self.parent_run(job_id)
+        if parent is None or not parent.data.tags.get("run_dir"):
+            raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}, "
+                             "neither in Ray nor in MLflow. List the jobs with "
+                             "`precision-tuner jobs`.")
+        flags = parent.data.tags.get(job_context.TAG_PREFIX + "flags", "-")
+        return {"task": Path(parent.data.params.get("task", "?")).name,
+                "run_root": str(Path(parent.data.tags["run_dir"]).parent), "tune_args": [],
+                "flags": [] if flags == "-" else flags.split(),
+                "running": False, "status": parent.info.status}
 
     def tuning_jobs(self) -> list:
         jobs = [j for j in self.jobs.list_jobs()
@@ -259,17 +285,16 @@ def submit(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> in
     job_id = new_job_id(task_path)
     resumes = ""
     if args.resume_job:
-        old = service.job(args.resume_job)
-        meta = old.metadata
-        if meta.get("task") != task_path.name:
-            raise UsageError(f"--resume {args.resume_job} tuned {meta.get('task')!r}, not "
+        old = service.recorded_job(args.resume_job)
+        if old["task"] != task_path.name:
+            raise UsageError(f"--resume {args.resume_job} tuned {old['task']!r}, not "
                              f"{task_path.name!r}. Pass that task file.")
-        if not old.status.is_terminal():
+        if old["running"]:
             raise UsageError(f"--resume {args.resume_job}: that job is still "
-                             f"{old.status.value}. Stop it first (`precision-tuner stop "
+                             f"{old['status']}. Stop it first (`precision-tuner stop "
                              f"{args.resume_job}`).")
-        run_root, tune_args = meta["run_root"], json.loads(meta["tune_args"])
-        user_flags, resumes = json.loads(meta.get("flags_json", "[]")), args.resume_job
+        run_root, tune_args = old["run_root"], old["tune_args"]
+        user_flags, resumes = old["flags"], args.resume_job
     else:
         run_root = f"{service.record['service_dir']}/jobs/{job_id}"
         tune_args = list(user_flags)
@@ -431,22 +456,25 @@ def fetch(args) -> int:
         raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {args.out}")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     service = Service(args)
-    info = service.job(args.job)
+    info = service.job(args.job, required=False)   # MLflow has the config even if Ray forgot
     parent = service.parent_run(args.job)
+    if info is None and parent is None:
+        service.job(args.job)  # says: no such job
     names = []
     if parent is not None:
         names = [a.path for a in service.mlflow.list_artifacts(parent.info.run_id)]
     if "best_precision.json" not in names:
-        raise UsageError(f"job {args.job} has no exported config (job status "
-                         f"{info.status.value}). Wait until it succeeds (`precision-tuner "
-                         f"status {args.job}`), or resume it.")
+        state = info.status.value if info is not None else parent.info.status
+        raise UsageError(f"job {args.job} has no exported config (job status {state}). Wait "
+                         f"until it succeeds (`precision-tuner status {args.job}`), or resume "
+                         "it.")
     with tempfile.TemporaryDirectory() as folder:
         local = service.mlflow.download_artifacts(parent.info.run_id, "best_precision.json",
                                                   folder)
         config = PrecisionConfig.load(local)
     config.save(args.out, overwrite=True)
     print(f"wrote {args.out}: {config.describe()} (job {args.job}, "
-          f"{info.metadata.get('task')})")
+          f"{Path(parent.data.params.get('task', '?')).name})")
     return 0
 
 
