@@ -201,6 +201,10 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
     previous = read_info(service_dir)
     if running(previous):
         return previous, False
+    if previous is not None and (_alive(previous.ray_pid) or _alive(previous.mlflow_pid)):
+        raise UsageError(f"the service in {str(service_dir)!r} is only partly running (Ray head "
+                         f"pid {previous.ray_pid}, MLflow pid {previous.mlflow_pid}). Run "
+                         f"`precision-tuner service stop --dir {service_dir}`, then start it.")
     service_dir.mkdir(parents=True, exist_ok=True)
     auth = host not in LOOPBACK if auth is None else auth
     for name, port in (("--ray-port", ray_port), ("--dashboard-port", dashboard_port),
@@ -321,10 +325,35 @@ def stop(service_dir: Path) -> ServiceInfo | None:
     info = read_info(service_dir.resolve())
     if info is None:
         return None
+    if running(info):
+        _stop_jobs(info)
     _stop_processes(info)
     info.ray_pid = info.mlflow_pid = 0
     _write_info(info)
     return info
+
+
+def _stop_jobs(info: ServiceInfo, wait_s: float = 90.0) -> list[str]:
+    """Stop the running tuning jobs through Ray first, so each closes its records as on
+    Ctrl-C (and can be resumed) instead of dying with the cluster."""
+    from tuner.jobs import JOB_KIND, client_for
+
+    try:
+        token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
+        client = client_for(info.job_server, token)
+        running_jobs = [j.submission_id for j in client.list_jobs()
+                        if (j.metadata or {}).get("precision_tuner") == JOB_KIND
+                        and not j.status.is_terminal()]
+        for job in running_jobs:
+            client.stop_job(job)
+        deadline = time.monotonic() + wait_s
+        while running_jobs and time.monotonic() < deadline:
+            running_jobs = [j for j in running_jobs
+                            if not client.get_job_status(j).is_terminal()]
+            time.sleep(0.5)
+        return running_jobs
+    except Exception:  # noqa: BLE001 - stopping the service must not depend on its job server
+        return []
 
 
 def _stop_processes(info: ServiceInfo) -> None:

@@ -37,7 +37,8 @@ def _stop(args) -> int:
         return 0
     service.stop(args.dir)
     print(f"precision-tuner service: stopped (Ray head and MLflow server in {info.dir}); jobs "
-          "still running ended with the cluster, their finished trials are in MLflow")
+          "still running were stopped first (resume them with `submit TASK --resume JOB` "
+          "once the service runs again)")
     return 0
 
 
