@@ -61,18 +61,21 @@ class Service:
     def run(self, *args, **kwargs):
         return cli(*args, env={**self.env, **kwargs.pop("env", {})}, **kwargs)
 
-    def client(self):
+    def client(self, token: bool = False):
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(self.address)
+        headers = None
+        if token:
+            headers = {"Authorization": f"Bearer {self.env['PRECISION_TUNER_TOKEN']}"}
+        return JobSubmissionClient(self.address, headers=headers)
 
     def submit(self, task: str, *flags: str) -> str:
         done = self.run("submit", str(TASKS / f"{task}.py"), *flags)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.strip().splitlines()[-1]
 
-    def wait(self, job_id: str, timeout: float = 400) -> str:
-        client, deadline = self.client(), time.monotonic() + timeout
+    def wait(self, job_id: str, timeout: float = 400, client=None) -> str:
+        client, deadline = client or self.client(), time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = client.get_job_status(job_id)
             if status.is_terminal():
@@ -247,6 +250,9 @@ def test_bad_input_is_refused_at_submit_time_like_tune(service, side_by_side, tm
 
 
 def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
+    """Also, with authentication on: a job logs to the authenticated MLflow, `service stop`
+    stops it first, and after a restart (Ray forgot the job) it resumes and is fetched from
+    MLflow."""
     service = Service(tmp_path / "svc", auth=True)
     started = service.start()
     try:
@@ -264,6 +270,35 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         assert denied.value.code == 401
         allowed = service.run("jobs", "--token-file", str(token_file))
         assert allowed.returncode == 0 and "no jobs yet" in allowed.stdout
+
+        service.env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
+        job = service.submit("slow_steps", "--trials", "6", "--steps", "30", "--finalists", "1")
+        trials_log = service.run_dir(job) / "trials.jsonl"
+        deadline = time.monotonic() + 300
+        while not (trials_log.is_file() and trials_log.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline, "no trial finished in 300 s"
+            time.sleep(0.5)
+        stopped = service.stop()                  # stops the running job first
+        assert stopped.returncode == 0, stopped.stderr
+        record = json.loads((service.run_dir(job) / "run.json").read_text())
+        assert record["status"] == "interrupted"
+        kept = len(trials_log.read_text().splitlines())
+
+        service.ports = {flag: _free_port() for flag in service.ports}
+        service.address = f"http://127.0.0.1:{service.ports['--dashboard-port']}"
+        service.tracking_uri = f"http://127.0.0.1:{service.ports['--mlflow-port']}"
+        service.env["PRECISION_TUNER_SERVICE"] = service.address
+        restarted = service.start()
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        resumed = service.submit("slow_steps", "--resume", job)   # Ray forgot: from MLflow
+        assert service.wait(resumed, client=service.client(token=True)) == "SUCCEEDED"
+        numbers = [json.loads(line)["number"] for line in trials_log.read_text().splitlines()]
+        assert len(numbers) >= kept and len(numbers) == len(set(numbers))
+        out = tmp_path / "best.json"
+        fetched = service.run("fetch", job, "--out", str(out))    # the first job's id
+        assert fetched.returncode == 0, fetched.stderr
+        assert json.loads(out.read_text()) == json.loads(
+            (service.run_dir(job) / "best_precision.json").read_text())
     finally:
         assert service.stop().returncode == 0
 
