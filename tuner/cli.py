@@ -392,6 +392,12 @@ def _tune(args) -> int:
     print_summary(summary, console)
     summary.best_config.save(args.out, overwrite=True)
     console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    from tuner import job_context
+
+    if job_context.job_id() is not None:  # a service job: the user is on another machine
+        console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
+                      "trials: precision-tuner ui --service ADDRESS", markup=False)
+        return 0
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
                   + ("" if not args.tracking_uri else
                      f"  (tracking: {_redact(args.tracking_uri)})"))
