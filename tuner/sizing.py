@@ -92,14 +92,16 @@ def enough(losses: list[float], step_times_ms: list[float], warmup_steps: int,
     if steps < sizing.floor:
         return None
     timed = step_times_ms[warmup_steps:]
+    timed_s = sum(timed) / 1000.0
+    if timed_s < sizing.min_timed_s:
+        return None
     spread = timing_spread(timed)
-    if spread is None or spread > sizing.timing_precision or \
-            sum(timed) / 1000.0 < sizing.min_timed_s:
+    if spread is None or spread > sizing.timing_precision:
         return None
     resolution = loss_resolution(losses, sizing.tolerance)
     if resolution is None or resolution < 1.0:
         return None
-    return (f"its median step time known to +-{spread:.1%} over {sum(timed) / 1000.0:.1f} s "
+    return (f"its median step time known to +-{spread:.1%} over {timed_s:.1f} s "
             f"and its loss decrease {_times(resolution)} what the verdict needs")
 
 
