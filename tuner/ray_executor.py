@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
+from tuner.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 
 _PLACEMENT_TIMEOUT_S = 120.0
@@ -135,6 +136,7 @@ class RayExecutor:
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
         self.task_source_cache: dict[str, str] = {}
+        self.submissions: SubmissionLog | None = None  # see tuner.executor.Executor
 
     # -- the pool --------------------------------------------------------------------------
     @property
@@ -220,6 +222,8 @@ class RayExecutor:
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None:
         self._fill_pool()
         slot = next(s for s in self._slots if s.running is None)
+        if self.submissions is not None:
+            self.submissions.write(spec, "search")
         slot.ref = slot.actor.run.remote(self._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
         neighbours = [s for s in self._slots if s is not slot and s.running is not None
@@ -398,6 +402,8 @@ class _ExclusiveSession:
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         executor = self._executor
         slot = self._ensure_actor()
+        if executor.submissions is not None:
+            executor.submissions.write(spec, "re-measurement")
         slot.ref = slot.actor.run_live.remote(executor._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
         slot.overlapped = not self.exclusive_timing
