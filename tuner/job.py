@@ -271,10 +271,11 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
         # re-queued by the next `tune` on this run directory), and stop.
         _flush_quietly(records)
-        for run_id in records.open_run_ids():
-            tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
-        tracker.client.set_terminated(tracker.parent_id, "KILLED")
         store.update_run(status="interrupted")
+        if records.outage is None:
+            for run_id in records.open_run_ids():
+                tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
+            tracker.client.set_terminated(tracker.parent_id, "KILLED")
         raise
     except Exception:
         _flush_quietly(records)
