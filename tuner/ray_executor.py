@@ -113,9 +113,14 @@ class RayExecutor:
         self.workers = workers
         self.address = address
         self._owns_ray = False
+        self._fate = None
         if not ray.is_initialized():
             try:
                 if address is None:
+                    from tuner.fate import share_fate
+
+                    # A driver killed without ray.shutdown() takes the Ray it started along.
+                    self._fate = share_fate()
                     ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING,
                              object_store_memory=200 * 1024 * 1024)
@@ -124,6 +129,8 @@ class RayExecutor:
                     ray.init(address=address, log_to_driver=False,
                              logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
+                if self._fate is not None:
+                    self._fate.release()
                 raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
                                  f"{first_line(exc)}. Start it "
                                  "(`ray start --head`) or fix the address.") from None
@@ -360,6 +367,9 @@ class RayExecutor:
             self._replace(slot)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._fate is not None:
+            self._fate.release()
+            self._fate = None
 
     def __enter__(self) -> "RayExecutor":
         return self
