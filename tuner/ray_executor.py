@@ -121,7 +121,9 @@ class RayExecutor:
 
                     # A driver killed without ray.shutdown() takes the Ray it started along.
                     self._fate = share_fate()
-                    ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                    # "local": a new instance of our own, even where `ray start` left a
+                    # cluster running on this machine (ray.init() would attach to that one).
+                    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING,
                              object_store_memory=200 * 1024 * 1024)
                     self._owns_ray = True
@@ -131,6 +133,9 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 if self._fate is not None:
                     self._fate.release()
+                if address is None:
+                    raise TrialInfrastructureError(f"cannot start a local Ray instance: "
+                                                   f"{first_line(exc)}") from None
                 raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
                                  f"{first_line(exc)}. Start it "
                                  "(`ray start --head`) or fix the address.") from None
