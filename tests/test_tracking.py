@@ -3,7 +3,6 @@ catches MLflow up with what trials.jsonl has."""
 
 import threading
 
-
 from tuner.config import PrecisionConfig
 from tuner.job import _Records
 from tuner.results import TrialRow
