@@ -212,14 +212,8 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
     # As many steps per run as the tuner's sized baseline trained.
     steps = json.loads((work / f"{name}-tuner" / "run.json").read_text())["steps"]
     ms, rounds_of = remeasure(task, configs, steps, budget.warmup_steps, rounds)
-    print(f"[{name}] quick tune (the demo's space)...", flush=True)
-    quick = tune(task, "quick", work / f"{name}-quick")
-    print(f"[{name}] quick: {quick['wall_s']:.0f} s, {quick['outside_share']:.0%} outside "
-          f"training and tracing; {quick['traces']} traces for {quick['distinct_configs']} "
-          f"configs\n[{name}] quick {quick['breakdown']}", flush=True)
     return {
-        "quick": {k: v for k, v in quick.items() if k != "best"} | {"pick": describe(
-            strip(quick["best"]))},
+        "quick": quick_tune(name, work),
         "remeasure_steps": steps,
         "example": name,
         "grid": {k: v for k, v in grid.items() if k != "best"} | {"best": describe(best)},
@@ -235,6 +229,27 @@ def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
         "grid_best_speedup_vs_float32": round(ms["float32"] / ms["grid_best"], 4),
         "overhead_ratio": round(tuned["wall_s"] / tuned["train_s"], 4),
     }
+
+
+def quick_tune(name: str, work: Path) -> dict:
+    """The example's `--space quick` tune (what `make demo` runs): its own breakdown."""
+    print(f"[{name}] quick tune (the demo's space)...", flush=True)
+    quick = tune(ROOT / "examples" / f"{name}.py", "quick", work / f"{name}-quick")
+    print(f"[{name}] quick: {quick['wall_s']:.0f} s, {quick['outside_share']:.0%} outside "
+          f"training and tracing; {quick['traces']} traces for {quick['distinct_configs']} "
+          f"configs\n[{name}] quick {quick['breakdown']}", flush=True)
+    return {k: v for k, v in quick.items() if k != "best"} | {
+        "pick": describe(strip(quick["best"])), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def quick_only(label: str) -> None:
+    """Re-run only the quick tunes and replace their rows in an existing results file."""
+    path = RESULTS / f"grid_vs_tuner_{label}.json"
+    data = json.loads(path.read_text())
+    with tempfile.TemporaryDirectory(prefix="precision-tuner-bench-") as tmp:
+        for row in data["examples"]:
+            row["quick"] = quick_tune(row["example"], Path(tmp))
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -319,7 +334,9 @@ def write_doc() -> None:
         quick_rows = [r for r in data["examples"] if "quick" in r]
         if quick_rows:
             lines += ["Each example's `--space quick` tune (what `make demo` runs), as the "
-                      "tuner broke its wall time down:", "",
+                      "tuner broke its wall time down (run at "
+                      f"{', '.join(sorted({r['quick'].get('date', data['date']) for r in quick_rows}))}"
+                      "; `--quick-only` re-runs just these):", "",
                       "| example | wall | training | tracing | outside share | traces / "
                       "configs timed | pick | where the time went |",
                       "|---|---|---|---|---|---|---|---|"]
@@ -352,7 +369,13 @@ def main() -> int:
     parser.add_argument("--noise-only", action="store_true",
                         help="only add the A/A ratio (float32 against itself) to the --label "
                              "results file, then rebuild the doc")
+    parser.add_argument("--quick-only", action="store_true",
+                        help="only re-run each example's quick tune and replace its row in the "
+                             "--label results file, then rebuild the doc")
     args = parser.parse_args()
+    if args.quick_only:
+        quick_only(args.label or ("gpu" if machine()["gpu"] else "cpu"))
+        args.doc_only = True
     if args.noise_only:
         noise_only(args.label or ("gpu" if machine()["gpu"] else "cpu"), args.rounds)
         args.doc_only = True

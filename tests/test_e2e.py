@@ -41,6 +41,10 @@ def test_the_wall_time_is_broken_down_where_users_look(tuned):
     assert all(t["time_s"]["record"] > 0 and t["time_s"]["build"] > 0 for t in trials)
     assert timing["workers"]["re-measurement"]["runs"] >= 1 or \
         "nothing to re-measure" in stdout
+    # One worker ran the trials and the re-measurement: the finalists' models stayed alive
+    # there, so each config the job timed was built and traced once.
+    assert timing["workers"]["re-measurement"]["traces"] == 0
+    assert search["traces"] == search["runs"]
 
 
 def test_best_config_is_written_and_loadable(tuned):

@@ -81,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    _add_tune(commands)
+    tune = _add_tune(commands)
     _add_other_commands(commands)
+    _add_service_commands(commands, tune)
     return parser
 
 
-def _add_tune(commands) -> None:
+def _add_tune(commands) -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="tune a task file (the main job)",
                                description="Run trial trainings of TASK.py and write the fastest "
                                            "stable precision config.")
@@ -107,7 +108,7 @@ def _add_tune(commands) -> None:
     tune.add_argument("--trial-seconds", type=_seconds, metavar="S",
                       help="how long the float32 baseline may train while it sizes the "
                            "trials (a slow model gets fewer steps than trial.steps) [default: "
-                           "5]")
+                           "2.5]")
     tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
                       "[default: runs/TASK-TIMESTAMP]")
     tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
@@ -152,6 +153,7 @@ def _add_tune(commands) -> None:
                       help="also try policies whose 16-bit dtype runs a dense layer's training "
                            "step at under half float32's speed on the trial device (float16 on "
                            "most CPUs); by default they are skipped, with a line saying so")
+    return tune
 
 
 def _add_other_commands(commands) -> None:
@@ -163,8 +165,17 @@ def _add_other_commands(commands) -> None:
     export.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
     ui = commands.add_parser("ui", help="browse the trials in the MLflow UI",
-                             description="Start the MLflow UI on a run directory's store.")
-    ui.add_argument("--run-dir", type=Path, required=True)
+                             description="Start the MLflow UI on a run directory's store, or "
+                                         "open a service's MLflow UI (--service).")
+    where = ui.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", type=Path)
+    where.add_argument("--service", metavar="ADDRESS",
+                       help="a tuning service's job server (http://HOST:8265; default "
+                            "$PRECISION_TUNER_SERVICE when there is no --run-dir): print and "
+                            "open its MLflow UI, one experiment per task")
+    ui.add_argument("--token-file", type=Path, help=argparse.SUPPRESS)
+    ui.add_argument("--no-browser", action="store_true",
+                    help="--service: only print the links")
     ui.add_argument("--host", default="127.0.0.1", help="bind address [default: %(default)s; "
                     "anything else exposes your runs to the network]")
     ui.add_argument("--port", type=_positive_int, default=5000)
@@ -184,6 +195,105 @@ def _add_other_commands(commands) -> None:
     commands.add_parser("spaces", help="list the built-in search spaces")
 
 
+_SERVICE_EPILOG = """\
+The service is a Ray cluster (its job server takes the jobs) plus an MLflow tracking
+server (every job's trials). Loopback by default; bound elsewhere (--host), both ends
+require the token written to DIR/auth_token.
+"""
+
+
+def _add_service_commands(commands, tune: argparse.ArgumentParser) -> None:
+    """service start|stop|status, and the job commands (submit, jobs, status, logs, stop,
+    fetch), which all take --service ADDRESS (or PRECISION_TUNER_SERVICE)."""
+    service = commands.add_parser(
+        "service", help="start, stop or check a tuning service for a team (Ray + MLflow)",
+        description="Run precision-tuner as a service: a Ray head with its job server and an "
+                    "MLflow tracking server.", epilog=_SERVICE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = service.add_subparsers(dest="service_action", metavar="ACTION",
+                                     parser_class=_Parser, required=True)
+    start = actions.add_parser("start", help="start the Ray head and the MLflow server")
+    start.add_argument("--dir", type=Path, default=Path("service"),
+                       help="where the service keeps its stores, jobs and logs "
+                            "[default: %(default)s]")
+    start.add_argument("--host", default="127.0.0.1",
+                       help="bind address [default: %(default)s]; anything else turns on "
+                            "token authentication for Ray's job server and MLflow")
+    start.add_argument("--ray-port", type=_positive_int, default=6379,
+                       help="Ray's GCS port (worker nodes join here) [default: %(default)s]")
+    start.add_argument("--dashboard-port", "--jobs-port", type=_positive_int, default=8265,
+                       dest="dashboard_port",
+                       help="Ray's dashboard and job server [default: %(default)s]")
+    start.add_argument("--mlflow-port", type=_positive_int, default=5000,
+                       help="MLflow tracking server and UI [default: %(default)s]")
+    start.add_argument("--num-cpus", type=_positive_int,
+                       help="CPUs the head offers to trials [default: all]")
+    start.add_argument("--auth", action="store_true",
+                       help="require the token on loopback too")
+    for action in ("stop", "status"):
+        parser = actions.add_parser(action, help=f"{action} the service in --dir")
+        parser.add_argument("--dir", type=Path, default=Path("service"),
+                            help="the service's directory [default: %(default)s]")
+
+    def job_command(name: str, help_text: str, job: bool = True) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help_text, description=help_text[0].upper()
+                                     + help_text[1:] + ".")
+        if job:
+            parser.add_argument("job", metavar="JOB", help="the job id (`precision-tuner jobs`)")
+        parser.add_argument("--service", metavar="ADDRESS",
+                            help="the service's job server, http://HOST:8265 [default: "
+                                 "$PRECISION_TUNER_SERVICE]")
+        parser.add_argument("--token-file", type=Path, metavar="FILE",
+                            help="the service's token (its DIR/auth_token) when it requires "
+                                 "one [default: $PRECISION_TUNER_TOKEN]")
+        return parser
+
+    submit = job_command("submit", "submit a task to a tuning service as a Ray job",
+                         job=False)
+    submit.add_argument("task", metavar="TASK.py", help="task file (shipped with the job)")
+    from tuner.jobs import FORWARDED
+
+    for action in tune._actions:  # the same tune flags, same checks, same help
+        if action.dest in FORWARDED:
+            submit._add_action(action)
+    submit.add_argument("--resume", dest="resume_job", metavar="JOB",
+                        help="continue a stopped or killed job from its recorded trials, with "
+                             "its own flags")
+    submit.add_argument("--worker-cpus", type=_positive_int, default=1,
+                        help="CPUs per screening worker on the shared cluster "
+                             "[default: %(default)s]")
+    job_command("jobs", "list the service's tuning jobs", job=False)
+    job_command("status", "show a job's status, progress and failure reason")
+    logs = job_command("logs", "print a job's log")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing as it grows")
+    job_command("stop", "stop a job (its finished trials are kept)")
+    fetch = job_command("fetch", "download a job's best config from the service's MLflow")
+    fetch.add_argument("--out", type=Path, default=Path("best_precision.json"),
+                       help="where to write it (.json or .yaml) [default: %(default)s]")
+    fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+
+def _service_command(args, parser: argparse.ArgumentParser) -> int:
+    from tuner import jobs, service_cli
+
+    if args.command == "service":
+        return service_cli.run(args)
+    if args.command == "submit":
+        defaults = {a.dest: a.default for a in _subparser(parser, "tune")._actions}
+        options = {a.dest: a.option_strings[0] for a in _subparser(parser, "tune")._actions
+                   if a.option_strings}
+        return jobs.submit(args, defaults, options)
+    return {"jobs": jobs.list_jobs, "status": jobs.status, "logs": jobs.logs,
+            "stop": jobs.stop, "fetch": jobs.fetch}[args.command](args)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
 def _version() -> str:
     from tuner import __version__
 
@@ -199,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "tune":
             return _tune(args)
+        if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
+            return _service_command(args, parser)
         from tuner import commands
 
         return getattr(commands, args.command)(args)
@@ -283,6 +395,12 @@ def _tune(args) -> int:
     print_summary(summary, console)
     summary.best_config.save(args.out, overwrite=True)
     console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    from tuner import job_context
+
+    if job_context.job_id() is not None:  # a service job: the user is on another machine
+        console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
+                      "trials: precision-tuner ui --service ADDRESS", markup=False)
+        return 0
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
                   + ("" if not args.tracking_uri else
                      f"  (tracking: {_redact(args.tracking_uri)})"))
@@ -423,6 +541,13 @@ def _executor(args, console):
     where = f"Ray cluster at {_redact(args.ray_address)}" if args.ray_address \
         else "a local Ray instance"
     console.print(f"starting {args.workers} worker(s) on {where}...")
+    from tuner import job_context
+
+    if job_context.job_id() is not None and args.ray_address:
+        # A service job on the team's cluster: screen on a share of it, and wait for a
+        # whole node (behind other jobs' re-measurements) rather than time on a busy one.
+        return RayExecutor(workers=args.workers, address=args.ray_address,
+                           worker_cpus=job_context.worker_cpus(), node_wait_s=3600.0)
     return RayExecutor(workers=args.workers, address=args.ray_address)
 
 

@@ -40,6 +40,10 @@ def ui(args) -> int:
 
     from tuner.tracking import default_tracking_uri
 
+    if args.run_dir is None:  # a service's UI (--service or PRECISION_TUNER_SERVICE)
+        from tuner.jobs import ui_links
+
+        return ui_links(args)
     store = args.run_dir / "mlflow.db"
     if not store.is_file():
         raise UsageError(f"no MLflow store in {str(args.run_dir)!r} (expected mlflow.db). Pass "

@@ -50,6 +50,9 @@ class Executor(Protocol):
     def in_flight(self) -> int: ...
     @property
     def runs_here(self) -> bool: ...  # trials run on this machine (the driver's)
+    @property
+    def keeps_live_models(self) -> bool: ...  # the re-measurement runs in the trials' worker
+    def keep_live_only(self, specs: list[TrialSpec]) -> None: ...
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None: ...
     def wait_any(self) -> list[TrialResult]: ...
     def exclusive(self) -> ContextManager[ExclusiveSession]: ...
@@ -124,6 +127,12 @@ def _run_live(spec_dict: dict) -> dict:
     from tuner.worker.live import run_live
 
     return run_live(spec_dict)
+
+
+def _keep_live_only(spec_dicts: list) -> int:
+    from tuner.worker.live import keep_only
+
+    return keep_only(spec_dicts)
 
 
 def _release_live() -> int:
@@ -214,6 +223,15 @@ class LocalProcessExecutor:
             return []
         (spec, limit), self._pending = self._pending, None
         return [self.run(spec, limit)]
+
+    keeps_live_models = True  # one worker runs the trials and the re-measurement
+
+    def keep_live_only(self, specs: list[TrialSpec]) -> None:
+        """Let the worker keep only these specs' models alive."""
+        if self._pool is not None:
+            with contextlib.suppress(Exception):  # a crashed worker keeps nothing anyway
+                self._pool.submit(_keep_live_only, [s.to_dict() for s in specs]).result(
+                    timeout=60)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["_LocalSession"]:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner import job_context
 from tuner.config import PrecisionConfig
 from tuner.plan import RunPlan
 from tuner.proposer import Proposer, create_study, recover_study
@@ -201,6 +202,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
         trials = store.read_trials()
         recorded = {t["run_id"] for t in trials if t.get("run_id")}
         behind = tracker.resume_parent(record["parent_run_id"], recorded=recorded)
+        _tag_job(tracker, record["parent_run_id"])
         scheduler = scheduler_factory(study, requeued)
         scheduler.restore(trials)
         baseline_ms = scheduler.baseline.judgement.median_step_ms if scheduler.baseline else None
@@ -212,10 +214,12 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
-        f"tune {task_name} · {plan.space.name}",
+        f"tune {task_name} · {plan.space.name}"
+        + (f" · job {job_context.job_id()}" if job_context.job_id() else ""),
         params={**plan.settings(), "slow_factor": plan.slow_factor,
                 "finalists": plan.finalists},
-        tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description()})
+        tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description(),
+              **job_context.parent_tags()})
     store.write_run({**plan.settings(), "ceiling": task_info.get("ceiling"),
                      "study_name": study_name, "parent_run_id": parent_id,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
@@ -246,6 +250,8 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
     tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
+    if job_context.job_id() is not None:
+        tracker.trial_tags = {job_context.JOB_ID_TAG: job_context.job_id()}
     records = _Records(tracker, store, plan.matches, clock)
 
     def scheduler_factory(study, requeued) -> Scheduler:
@@ -254,6 +260,8 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
     _, scheduler = _open(plan, tracker, store, scheduler_factory, task_info)
+    if hasattr(executor, "announce"):  # a shared cluster: say in MLflow when waiting for a node
+        executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
         records.later(tracker.log_diagnostics, diagnostics)
     if task_info.get("ceiling"):
@@ -267,6 +275,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         plan = scheduler.plan  # with the sized step count
         with clock.phase("re-measurement"):
             outcome = remeasure(scheduler)
+        _record_exclusive_phases(executor, store, tracker)
     except KeyboardInterrupt:
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
         # re-queued by the next `tune` on this run directory), and stop.
@@ -382,8 +391,60 @@ def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tr
     }
     tracker.finish_parent(metrics={k: v for k, v in metrics.items() if v is not None},
                           best=summary.best_config, summary_markdown=summary_markdown(summary),
-                          status="FINISHED")
+                          status="FINISHED", table=trials_table(summary))
     store.update_run(status="finished")
+
+
+def trials_table(summary: TuneSummary) -> dict[str, list]:
+    """Every trial's config, verdict, speedup and median step time, one column each (the
+    parent run's summary table in MLflow)."""
+    base = summary.baseline.judgement.median_step_ms if summary.baseline else None
+    columns: dict[str, list] = {"trial": [], "config": [], "verdict": [], "speedup_vs_float32": [],
+                                "median_step_ms": [], "remeasured_ms": [], "reason": []}
+    for row in summary.rows:
+        median = row.judgement.median_step_ms
+        if row.estimate is not None and row is not summary.baseline:
+            speedup = round(row.estimate.ratio, 4)
+        else:
+            speedup = round(base / median, 4) if base and median else None
+        columns["trial"].append(row.number)
+        columns["config"].append(row.config.describe() + (" ★" if row is summary.best else ""))
+        columns["verdict"].append(row.judgement.verdict.value)
+        columns["speedup_vs_float32"].append(speedup)
+        columns["median_step_ms"].append(None if median is None else round(median, 4))
+        columns["remeasured_ms"].append(None if row.remeasured_ms is None
+                                        else round(row.remeasured_ms, 4))
+        columns["reason"].append(row.judgement.reason or "")
+    return columns
+
+
+def _tag_job(tracker, parent_id: str) -> None:
+    """A resumed run: the job that resumes it joins the parent run's job ids."""
+    if job_context.job_id() is None:
+        return
+    previous = tracker.client.get_run(parent_id).data.tags.get(job_context.JOB_IDS_TAG)
+    for key, value in job_context.parent_tags(previous).items():
+        tracker.client.set_tag(parent_id, key, value)
+
+
+def _announce(tracker, phase: str) -> None:
+    """What a service job is doing now (e.g. waiting for a node), on its parent run and in its
+    log, so ``precision-tuner status`` shows it."""
+    print(f"precision-tuner: {phase}", flush=True)
+    try:
+        tracker.client.set_tag(tracker.parent_id, job_context.PHASE_TAG, phase[:5000])
+    except Exception:  # noqa: BLE001 - a status line must never stop the job
+        pass
+
+
+def _record_exclusive_phases(executor, store: RunStore, tracker) -> None:
+    """When and on which node the finalists were timed with a node to themselves: run.json and
+    the parent run (``exclusive_phases.json``), so overlaps between jobs can be checked."""
+    phases = list(getattr(executor, "exclusive_phases", []) or [])
+    if not phases:
+        return
+    store.update_run(exclusive_phases=phases)
+    tracker.client.log_dict(tracker.parent_id, {"phases": phases}, "exclusive_phases.json")
 
 
 def _make_plots(summary: TuneSummary, diagnostics: dict[str, Any] | None,

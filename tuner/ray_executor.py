@@ -64,6 +64,11 @@ def _trial_actor_class():
             result["node"] = self._node
             return result
 
+        def keep_live_only(self, spec_dicts: list) -> int:
+            from tuner.worker.live import keep_only
+
+            return keep_only(spec_dicts)
+
         def release_live(self) -> int:
             from tuner.worker.live import release
 
@@ -107,13 +112,24 @@ class _Slot:
 class RayExecutor:
     """``workers`` actors; ``address=None`` starts (and later stops) a local Ray instance."""
 
-    def __init__(self, workers: int = 1, address: str | None = None) -> None:
+    def __init__(self, workers: int = 1, address: str | None = None,
+                 worker_cpus: int | None = None,
+                 node_wait_s: float = _PLACEMENT_TIMEOUT_S) -> None:
+        """``worker_cpus``: CPUs per screening worker (default: the cluster's CPUs shared out
+        among ``workers``; a service job takes a share, other jobs screen beside it).
+        ``node_wait_s``: how long ``exclusive()`` waits for a whole node before timing on a
+        shared one (a service job waits its turn behind other jobs' re-measurements)."""
         import ray
 
         self.workers = workers
         self.address = address
+        self.node_wait_s = node_wait_s
         self._owns_ray = False
         self._fate = None
+        # Called with a line when the job waits (for a node); the job points it at its records.
+        self.announce = None
+        # When and where each exclusive session ran: plain data for run.json and MLflow.
+        self.exclusive_phases: list[dict] = []
         if not ray.is_initialized():
             try:
                 if address is None:
@@ -144,6 +160,8 @@ class RayExecutor:
         self.total_gpus = float(resources.get("GPU", 0))
         self.gpus_per_worker = min(1.0, self.total_gpus / workers) if self.total_gpus else 0.0
         self.cpus_per_worker = max(1, self.total_cpus // workers) if not self.total_gpus else 1
+        if worker_cpus:
+            self.cpus_per_worker = max(1, min(worker_cpus, self.total_cpus))
         self._actor_class = _trial_actor_class()
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
@@ -325,6 +343,20 @@ class RayExecutor:
         (result,) = self.wait_any()
         return result
 
+    @property
+    def keeps_live_models(self) -> bool:
+        """True when the re-measurement will run in the actor that runs the trials (a Ray
+        instance this job started, one worker): models kept alive there are timed again."""
+        return self._owns_ray and self.workers == 1
+
+    def keep_live_only(self, specs: list[TrialSpec]) -> None:
+        """Let the trials' actor keep only these specs' models alive."""
+        import ray
+
+        if self._slots and not self.in_flight():
+            ray.get(self._slots[0].actor.keep_live_only.remote([s.to_dict() for s in specs]),
+                    timeout=60)
+
     # -- exclusive timing ------------------------------------------------------------------
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["_ExclusiveSession"]:
@@ -339,10 +371,12 @@ class RayExecutor:
             # actor has the machine to itself already, TensorFlow imported and the baseline's
             # model alive (tuner.worker.live). No reservation, no fresh process.
             session = _ExclusiveSession(self, None, {}, slot=self._slots[0], exclusive=True)
+            began = time.time()
             try:
                 yield session
             finally:
                 session.release()
+                self._record_phase(self._slots[0].node if self._slots else "-", began, True)
             return
         for slot in list(self._slots):  # the pool's actors hold CPUs the reservation needs
             if slot.running is None:
@@ -352,18 +386,60 @@ class RayExecutor:
         if self.total_gpus:
             bundle["GPU"] = 1
         group = placement_group([bundle], strategy="STRICT_PACK")
-        try:
-            ray.get(group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
+        requested = time.time()
+        if not self._wait_for(group):
             remove_placement_group(group)
             group = None
+        node = self._group_node(group)
+        if self.announce is not None:
+            self.announce(f"re-measuring the finalists on node {node}" if group is not None else
+                          "re-measuring on a shared node: no node came free within "
+                          f"{self.node_wait_s:.0f} s")
         session = _ExclusiveSession(self, group, bundle)
+        began = time.time()
         try:
             yield session
         finally:
             session.close()
             if group is not None:
                 remove_placement_group(group)
+            self._record_phase(node, began, group is not None, requested)
+
+    def _wait_for(self, group) -> bool:
+        """Wait up to ``node_wait_s`` for the reservation; after a few seconds say that the
+        job waits for a node (another job is re-measuring there), instead of hanging silently."""
+        import ray
+
+        deadline = time.monotonic() + self.node_wait_s
+        said = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                ray.get(group.ready(), timeout=min(left, 3.0))
+                return True
+            except ray.exceptions.GetTimeoutError:
+                if not said and self.announce is not None:
+                    self.announce("waiting for a node: the re-measurement needs a whole node "
+                                  "to itself and every node is busy (other jobs)")
+                    said = True
+
+    @staticmethod
+    def _group_node(group) -> str:
+        if group is None:
+            return "-"
+        from ray.util.placement_group import placement_group_table
+
+        nodes = placement_group_table(group).get("bundles_to_node_id", {})
+        return str(next(iter(nodes.values()), "-"))
+
+    def _record_phase(self, node: str, began: float, exclusive: bool,
+                      requested: float | None = None) -> None:
+        """``requested``: when the node was asked for; ``start``: when the job had it."""
+        self.exclusive_phases.append({"node": node, "requested": round(requested or began, 3),
+                                      "start": round(began, 3), "end": round(time.time(), 3),
+                                      "exclusive": exclusive})
 
     def close(self) -> None:
         import ray

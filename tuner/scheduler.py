@@ -19,6 +19,11 @@ from tuner.timing import TimeBreakdown
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.verdict import Judgement, judge
 
+# Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
+# stay alive there (built and traced once for the search and the re-measurement), unless
+# float32 alone needs more training memory than this: then only its model is kept.
+LIVE_MODELS_MEMORY_BOUND = 512 * 2**20
+
 # The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
 # another trial shared the node is noisier and biased upwards: widen the limit by this much.
 SHARED_TIMING_WIDENING = 1.5
@@ -56,6 +61,7 @@ class Scheduler:
         self.train_s = 0.0
         self.trace_s = 0.0
         self._budget_used = 0
+        self._kept: list[int] = [0]   # trials whose models the worker keeps alive
 
     # -- bookkeeping -----------------------------------------------------------------------
     @property
@@ -155,11 +161,31 @@ class Scheduler:
                                    trial.number if trial is not None else None,
                                    proposal.is_repair)
         spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
-        # The baseline's model stays alive in its worker: the re-measurement starts from it.
-        spec.keep_live = number == 0
+        # The baseline's model stays alive in its worker: the re-measurement starts from it;
+        # so do the leading trials' where the re-measurement runs there (_keep_finalists).
+        spec.keep_live = number == 0 or self._keeps_candidates()
         if number == 0 and self.plan.sizing is not None:
             spec.sizing = self.plan.sizing.to_dict()
         self.executor.submit(spec, self.plan.trial_time_limit_s)
+
+    def _keeps_candidates(self) -> bool:
+        if not getattr(self.executor, "keeps_live_models", False) or self.executor.slots > 1:
+            return False
+        memory = (self.baseline.result.training_memory or {}) if self.baseline else {}
+        return memory.get("total_bytes", 0) <= LIVE_MODELS_MEMORY_BOUND
+
+    def _keep_finalists(self) -> None:
+        """Let the worker keep alive only the models the re-measurement may time: float32's
+        and the fastest stable trials' (as many as there are finalists)."""
+        if not self._keeps_candidates():
+            return
+        leaders = [r for r in self.timed_stable_rows() if r is not self.baseline]
+        kept = [0] + sorted(r.number for r in leaders[:self.plan.finalists])
+        if kept != self._kept:
+            self._kept = kept
+            rows = {r.number: r for r in self.rows}
+            self.executor.keep_live_only([make_spec(self.plan, n, rows[n].config)
+                                          for n in kept if n in rows])
 
     def _size(self, baseline: TrialResult) -> None:
         """Every later run trains as many steps as the sized baseline did."""
@@ -189,3 +215,5 @@ class Scheduler:
         self.proposer.finished(proposal, row)
         best = self.best_stable()
         self.progress.trial_finished(row, best, self.search_speedup(best))
+        if not self.executor.in_flight():
+            self._keep_finalists()

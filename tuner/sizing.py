@@ -29,7 +29,7 @@ from tuner.verdict import NOISE_SIGMAS, decrease_noise, loss_decrease
 
 TIMING_PRECISION = 0.02     # the median step time to +-2%
 MIN_TIMED_S = 1.0           # timed steps must span at least this long
-DEFAULT_CAP_S = 5.0         # the baseline's training (after its first, tracing step) at most
+DEFAULT_CAP_S = 2.5         # the baseline's training (after its first, tracing step) at most
 MAX_STEPS = 2000
 BATCH_POOL = 50             # distinct batches a sized run cycles through (data materialised once)
 

@@ -20,6 +20,11 @@ from tuner.verdict import Judgement
 
 _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 
+# MLflow 3 opens an experiment without this tag in its GenAI layout (traces, evaluations),
+# where none of our metrics show; "custom_model_development" is the model-training layout.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 
 def default_tracking_uri(run_dir: Path) -> str:
     return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
@@ -87,6 +92,12 @@ def redact_uri(uri: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
+# Fastest first (which also lists the trials flat), in MLflow's model-training side bar
+# (``workflowType``; without it MLflow 3 shows its GenAI one).
+TRIALS_QUERY = ("orderByKey=metrics.%60speedup_vs_float32%60&orderByAsc=false"
+                "&workflowType=machine_learning")
+
+
 def ui_paths(tracking_uri: str, experiment_name: str,
              parent_run_id: str | None) -> dict[str, str]:
     """Deep links (relative to the UI's address) to a run's trials and its best config.
@@ -100,9 +111,9 @@ def ui_paths(tracking_uri: str, experiment_name: str,
     if experiment is None:
         return {}
     runs = f"#/experiments/{experiment.experiment_id}/runs"
-    links = {"trials, fastest first":
-             f"{runs}?orderByKey=metrics.%60speedup_vs_float32%60&orderByAsc=false"}
+    links = {"trials, fastest first": f"{runs}?{TRIALS_QUERY}"}
     if parent_run_id:
+        links["summary table"] = f"{runs}/{parent_run_id}/artifacts/{SUMMARY_TABLE}"
         links["best config and plots"] = f"{runs}/{parent_run_id}/artifacts"
     return links
 
@@ -133,6 +144,44 @@ def placement_text(placed: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
+SUMMARY_TABLE = "summary.html"
+
+
+def trial_run_name(*, number: int, config: PrecisionConfig, verdict: str,
+                   speedup: float | None, median_ms: float | None) -> str:
+    """``#4 stable 1.42x 12.3 ms · mixed_bfloat16 · f32: softmax``: the figures first, where the
+    runs table's narrow name column still shows them."""
+    figures = [verdict]
+    if speedup is not None:
+        figures.append(f"{speedup:.2f}x")
+    if median_ms is not None:
+        figures.append(f"{median_ms:.3g} ms")
+    return f"#{number} {' '.join(figures)} · {config.describe()}"[:250]
+
+
+def table_html(table: dict[str, list]) -> str:
+    """A self-contained HTML table (MLflow's artifact view renders HTML files)."""
+    import html
+
+    columns = list(table)
+    count = max((len(values) for values in table.values()), default=0)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(table[c][i]))}</td>" for c in columns)
+        + "</tr>" for i in range(count))
+    return ("<!doctype html><meta charset='utf-8'><style>table{border-collapse:collapse;"
+            "font:13px sans-serif}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+            f"</style><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
         from mlflow import MlflowClient
@@ -149,10 +198,15 @@ class Tracker:
             if tracking_uri.startswith("sqlite:"):
                 artifact_location = (run_dir / "mlartifacts").resolve().as_uri()
             self.experiment_id = self.client.create_experiment(
-                experiment_name, artifact_location=artifact_location)
+                experiment_name, artifact_location=artifact_location,
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
             self.experiment_id = experiment.experiment_id
+            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
+                                               EXPERIMENT_KIND)
         self.parent_id: str | None = None
+        self.trial_tags: dict[str, str] = {}   # on every trial run too (a service job's id)
 
     # -- parent ----------------------------------------------------------------------------
     def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
@@ -163,13 +217,20 @@ class Tracker:
         return self.parent_id
 
     def finish_parent(self, *, metrics: dict[str, float], best: PrecisionConfig | None,
-                      summary_markdown: str, status: str = "FINISHED") -> None:
+                      summary_markdown: str, status: str = "FINISHED",
+                      table: dict[str, list] | None = None) -> None:
+        """Close the parent run with its metrics, the best config and the summary; ``table``
+        (column -> values, one value per trial) also goes in as ``trials_table.json`` (MLflow's
+        table artifact) and ``summary.html``, which the artifact view renders as a table."""
         assert self.parent_id is not None
         self._log_metrics(self.parent_id, metrics.items())
         if best is not None:
             self.client.log_dict(self.parent_id, best.to_dict(), "best_precision.json")
             self.client.set_tag(self.parent_id, "best_config", best.describe())
         self.client.log_text(self.parent_id, summary_markdown, "summary.md")
+        if table:
+            self.client.log_table(self.parent_id, data=table, artifact_file="trials_table.json")
+            self.client.log_text(self.parent_id, table_html(table), SUMMARY_TABLE)
         self.client.set_terminated(self.parent_id, status)
 
     def log_ceiling(self, ceiling: dict[str, Any]) -> None:
@@ -241,7 +302,7 @@ class Tracker:
                 "trial_number": str(number),
                 "purpose": purpose,
                 "optuna_trial": "-" if optuna_number is None else str(optuna_number),
-                "verdict": "running"}
+                "verdict": "running", **self.trial_tags}
         if placed is not None:  # which layers each float32 group and pattern selected
             tags["float32_layers"] = placement_text(placed)[:5000]
         run = self.client.create_run(self.experiment_id, tags=tags,
@@ -298,6 +359,12 @@ class Tracker:
         self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
                           per_step=per_step, timestamp=now)
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
+        # The runs table shows names but no metric until the user adds columns: the verdict,
+        # speedup and median step time go in the name, so the first view shows them.
+        self.client.update_run(run_id, name=trial_run_name(
+            number=result.number,
+            config=config, verdict=judgement.verdict.value,
+            speedup=summary.get("speedup_vs_float32"), median_ms=judgement.median_step_ms))
         status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
         self.client.set_terminated(run_id, status)
 

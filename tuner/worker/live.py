@@ -40,6 +40,15 @@ def keep(spec: TrialSpec, model, optimizer, batches) -> None:
     _LIVE[_key(spec)] = _Live(model, optimizer, batches)
 
 
+def keep_only(spec_dicts: list[dict]) -> int:
+    """Drop every live model but those of these specs' configs; returns how many are left."""
+    wanted = {_key(TrialSpec.from_dict(spec)) for spec in spec_dicts}
+    for key in [key for key in _LIVE if key not in wanted]:
+        del _LIVE[key]
+    gc.collect()
+    return len(_LIVE)
+
+
 def release() -> int:
     """Drop every live model; returns how many there were."""
     count = len(_LIVE)

@@ -181,6 +181,12 @@ def _fit_steps(model, batches, steps: int, callbacks=()) -> None:
                   shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
+# The batches stacked into one tensor per leaf, per list of batches (the worker's cached
+# ``fixed_batches``): stacking them again for every run cost a live model's re-measurement run
+# more than its bookkeeping.
+_STACKED: dict[int, tuple[list, object]] = {}
+
+
 def _batch_dataset(batches, steps: int):
     import tensorflow as tf
 
@@ -192,9 +198,12 @@ def _batch_dataset(batches, steps: int):
             return {key: tuples(value) for key, value in structure.items()}
         return structure
 
-    stacked = tf.nest.map_structure(lambda *parts: tf.stack(parts),
-                                    *[tuples(batch) for batch in batches])
-    return tf.data.Dataset.from_tensor_slices(stacked).repeat().take(steps)
+    kept = _STACKED.get(id(batches))
+    if kept is None or kept[0] is not batches:
+        stacked = tf.nest.map_structure(lambda *parts: tf.stack(parts),
+                                        *[tuples(batch) for batch in batches])
+        kept = _STACKED[id(batches)] = (batches, stacked)
+    return tf.data.Dataset.from_tensor_slices(kept[1]).repeat().take(steps)
 
 
 def _step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool = True):

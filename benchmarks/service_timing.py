@@ -1,0 +1,107 @@
+"""The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
+latency, and the wall time of two jobs submitted together against the same two one after the
+other. Starts a loopback service on free ports in a temporary directory and stops it.
+
+    python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args: str, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"precision-tuner {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("task", nargs="?", default=str(ROOT / "tests/tasks/tiny_mlp.py"))
+    parser.add_argument("--trials", default="4")
+    parser.add_argument("--steps", default="20")
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="pt-service-timing-"))
+    ports = {"--ray-port": _free_port(), "--dashboard-port": _free_port(),
+             "--mlflow-port": _free_port()}
+    address = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    env = {**os.environ, "PRECISION_TUNER_SERVICE": address}
+    start = ["service", "start", "--dir", str(folder / "svc")]
+    for flag, port in ports.items():
+        start += [flag, str(port)]
+    began = time.perf_counter()
+    cli(*start, env=env)
+    figures = {"service start-up": time.perf_counter() - began}
+    try:
+        from mlflow import MlflowClient
+        from ray.job_submission import JobSubmissionClient
+
+        jobs = JobSubmissionClient(address)
+        mlflow = MlflowClient(f"http://127.0.0.1:{ports['--mlflow-port']}")
+
+        def submit() -> tuple[str, float]:
+            submitted = time.perf_counter()
+            out = cli("submit", options.task, "--trials", options.trials, "--steps",
+                      options.steps, env=env)
+            return out.strip().splitlines()[-1], submitted
+
+        def first_trial(job: str) -> float:
+            """Seconds until the job's first trial run is opened in MLflow."""
+            while True:
+                runs = mlflow.search_runs(
+                    [e.experiment_id for e in mlflow.search_experiments()],
+                    filter_string=f"tags.`precision_tuner.job_id` = '{job}' and "
+                                  "tags.`precision_tuner.kind` = 'trial'", max_results=1)
+                if runs:
+                    return time.perf_counter()
+                time.sleep(0.2)
+
+        def wait(job: str) -> float:
+            while not jobs.get_job_status(job).is_terminal():
+                time.sleep(0.3)
+            assert jobs.get_job_status(job).value == "SUCCEEDED", jobs.get_job_logs(job)[-2000:]
+            return time.perf_counter()
+
+        one, submitted = submit()
+        figures["submit to first trial opened"] = first_trial(one) - submitted
+        figures["one job, submit to done"] = wait(one) - submitted
+        began = time.perf_counter()
+        for _ in range(2):
+            job, _ = submit()
+            wait(job)
+        figures["two jobs one after the other"] = time.perf_counter() - began
+        began = time.perf_counter()
+        pair = [submit()[0] for _ in range(2)]
+        for job in pair:
+            wait(job)
+        figures["two jobs submitted together"] = time.perf_counter() - began
+    finally:
+        cli("service", "stop", "--dir", str(folder / "svc"), env=env)
+    print(f"task {Path(options.task).name}, --trials {options.trials} --steps {options.steps}, "
+          f"{os.cpu_count()} CPUs")
+    for name, seconds in figures.items():
+        print(f"  {name:32} {seconds:6.1f} s")
+    print(f"  together / one after the other: "
+          f"{figures['two jobs submitted together'] / figures['two jobs one after the other']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

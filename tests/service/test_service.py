@@ -1,0 +1,373 @@
+"""The tuning service for real, on loopback: a Ray head with its job server and an
+``mlflow server``, started and stopped by this module through the CLI.
+
+Jobs run side by side and export configs, a job is stopped mid-run and resumed, a crashing
+task fails only its own job, a finished job's config is fetched by a fresh process, bad input
+is refused at submit time, and a service with authentication refuses requests without its
+token.
+"""
+
+import json
+import re
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TASKS
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args, env=None, timeout=300):
+    """``precision-tuner ARGS`` in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+                               **(env or {})})
+
+
+class Service:
+    def __init__(self, folder: Path, auth: bool = False) -> None:
+        self.dir = folder
+        self.ports = {"--ray-port": _free_port(), "--dashboard-port": _free_port(),
+                      "--mlflow-port": _free_port()}
+        self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
+        self.tracking_uri = f"http://127.0.0.1:{self.ports['--mlflow-port']}"
+        self.auth = auth
+        self.env = {"PRECISION_TUNER_SERVICE": self.address}
+
+    def start(self):
+        args = ["service", "start", "--dir", str(self.dir), "--num-cpus", "2"]
+        for flag, port in self.ports.items():
+            args += [flag, str(port)]
+        return cli(*args, *(["--auth"] if self.auth else []), timeout=180)
+
+    def stop(self):
+        return cli("service", "stop", "--dir", str(self.dir), timeout=120)
+
+    def run(self, *args, **kwargs):
+        return cli(*args, env={**self.env, **kwargs.pop("env", {})}, **kwargs)
+
+    def client(self, token: bool = False):
+        from ray.job_submission import JobSubmissionClient
+
+        headers = None
+        if token:
+            headers = {"Authorization": f"Bearer {self.env['PRECISION_TUNER_TOKEN']}"}
+        return JobSubmissionClient(self.address, headers=headers)
+
+    def submit(self, task: str, *flags: str) -> str:
+        done = self.run("submit", str(TASKS / f"{task}.py"), *flags)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    def wait(self, job_id: str, timeout: float = 400, client=None) -> str:
+        client, deadline = client or self.client(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = client.get_job_status(job_id)
+            if status.is_terminal():
+                return status.value
+            time.sleep(1)
+        raise AssertionError(f"job {job_id} still {status.value} after {timeout} s:\n"
+                             + client.get_job_logs(job_id)[-3000:])
+
+    def mlflow(self):
+        from mlflow import MlflowClient
+
+        return MlflowClient(self.tracking_uri)
+
+    def parent_run(self, job_id: str):
+        client = self.mlflow()
+        experiments = [e.experiment_id for e in client.search_experiments()
+                       if e.name.startswith("precision-tuner/")]
+        runs = [r for r in client.search_runs(experiments)
+                if job_id in r.data.tags.get("precision_tuner.job_ids", "").split(",")]
+        assert len(runs) == 1, f"{len(runs)} parent runs for {job_id}"
+        return runs[0]
+
+    def run_dir(self, job_id: str) -> Path:
+        return self.dir / "jobs" / job_id / "run"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    service = Service(tmp_path_factory.mktemp("service") / "svc")
+    began = time.monotonic()
+    started = service.start()
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        service.start_s = time.monotonic() - began
+        assert service.address in started.stdout and service.tracking_uri in started.stdout
+        yield service
+    finally:
+        stopped = service.stop()
+        assert stopped.returncode == 0, stopped.stderr
+        info = json.loads((service.dir / "service.json").read_text())
+        for pid in (info["ray_pid"], info["mlflow_pid"]):
+            assert pid == 0
+
+
+@pytest.fixture(scope="module")
+def side_by_side(service):
+    """Two tuning jobs and a crashing one, submitted at once."""
+    jobs = [service.submit("tiny_mlp", "--trials", "4", "--steps", "10") for _ in range(2)]
+    crashing = service.submit("broken_build", "--trials", "3", "--steps", "10")
+    statuses = {job: service.wait(job) for job in [*jobs, crashing]}
+    return jobs, crashing, statuses
+
+
+def test_a_second_start_says_it_is_running_and_changes_nothing(service):
+    before = (service.dir / "service.json").read_text()
+    again = service.start()
+    assert again.returncode == 0
+    assert "already running" in again.stdout and "nothing changed" in again.stdout
+    assert (service.dir / "service.json").read_text() == before
+
+
+def test_two_jobs_side_by_side_finish_and_export_a_config(service, side_by_side):
+    jobs, _, statuses = side_by_side
+    assert [statuses[job] for job in jobs] == ["SUCCEEDED", "SUCCEEDED"], [
+        service.client().get_job_logs(job)[-3000:] for job in jobs]
+    listing = service.run("jobs")
+    assert listing.returncode == 0, listing.stderr
+    for job in jobs:
+        line = next(line for line in listing.stdout.splitlines() if line.startswith(job))
+        assert "tiny_mlp.py" in line and "SUCCEEDED" in line
+        assert re.search(r" (\d+)/\1 ", line), line     # every trial of its plan finished
+        parent = service.parent_run(job)
+        tags = parent.data.tags
+        assert tags["precision_tuner.job_id"] == job
+        assert tags["precision_tuner.flags"] == "--trials 4 --steps 10"
+        assert tags["precision_tuner.submitted_by"] == service.client().get_job_info(
+            job).metadata["submitted_by"]
+        assert parent.info.status == "FINISHED"
+        names = [a.path for a in service.mlflow().list_artifacts(parent.info.run_id)]
+        assert {"best_precision.json", "summary.html", "trials_table.json"} <= set(names)
+        experiment = service.mlflow().get_experiment(parent.info.experiment_id)
+        assert experiment.name == "precision-tuner/tiny_mlp"
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_two_jobs_never_time_their_finalists_on_one_node_at_once(service, side_by_side):
+    jobs, _, _ = side_by_side
+    phases = []
+    for job in jobs:
+        record = json.loads((service.run_dir(job) / "run.json").read_text())
+        assert record["exclusive_phases"], f"{job} recorded no exclusive phase"
+        phases += [(job, phase) for phase in record["exclusive_phases"]]
+    assert all(phase["exclusive"] for _, phase in phases)
+    for index, (job_a, a) in enumerate(phases):
+        for job_b, b in phases[index + 1:]:
+            if job_a != job_b and a["node"] == b["node"]:
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    # A job that asked for the node while another job held it waited, and said so.
+    for job, phase in phases:
+        if phase["start"] - phase["requested"] > 4:
+            assert "precision-tuner: waiting for a node" in service.client().get_job_logs(job)
+
+
+def test_a_crashing_task_fails_its_own_job_with_the_reason(service, side_by_side):
+    _, crashing, statuses = side_by_side
+    assert statuses[crashing] == "FAILED"
+    shown = service.run("status", crashing)
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {crashing}: FAILED" in shown.stdout
+    assert "reason: precision-tuner: error: build_model() in broken_build.py raised " \
+           "RuntimeError: oops: this model cannot be built" in shown.stdout
+
+
+def test_fetch_from_a_fresh_process_after_the_job_ended(service, side_by_side, tmp_path):
+    job = side_by_side[0][0]
+    out = tmp_path / "best.json"
+    fetched = service.run("fetch", job, "--out", str(out))
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads(out.read_text()) == json.loads(
+        (service.run_dir(job) / "best_precision.json").read_text())
+    again = service.run("fetch", job, "--out", str(out))
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_stop_mid_run_keeps_finished_trials_and_resume_continues(service, side_by_side):
+    job = service.submit("slow_steps", "--trials", "4", "--steps", "14", "--finalists", "1")
+    client, deadline = service.client(), time.monotonic() + 300
+    trials_log = service.run_dir(job) / "trials.jsonl"
+    while time.monotonic() < deadline:  # stop once a trial is finished, while the next runs
+        if trials_log.is_file() and trials_log.read_text().count("\n") >= 1:
+            break
+        assert not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
+        time.sleep(0.5)
+    stopped = service.run("stop", job)
+    assert stopped.returncode == 0, stopped.stderr
+    assert service.wait(job, timeout=30) == "STOPPED"
+    record = json.loads((service.run_dir(job) / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    kept = [json.loads(line)["number"] for line in trials_log.read_text().splitlines()]
+    assert kept and kept[0] == 0
+    parent = service.parent_run(job)
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["precision_tuner.job_status"] == "stopped"
+    children = service.mlflow().search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert "RUNNING" not in {run.info.status for run in children}
+    assert sum(run.info.status == "FINISHED" for run in children) == len(kept)
+
+    resumed = service.submit("slow_steps", "--resume", job)
+    assert service.wait(resumed) == "SUCCEEDED", client.get_job_logs(resumed)[-3000:]
+    numbers = [json.loads(line)["number"]
+               for line in trials_log.read_text().splitlines()]
+    assert numbers[:len(kept)] == kept and len(numbers) == len(set(numbers))
+    assert service.parent_run(resumed).info.run_id == parent.info.run_id
+    assert f"resuming {service.run_dir(job)}: {len(kept)} of" in client.get_job_logs(resumed)
+
+
+def test_bad_input_is_refused_at_submit_time_like_tune(service, side_by_side, tmp_path):
+    before = {j.submission_id for j in service.client().list_jobs()}
+    cases = [[str(tmp_path / "missing.py")],
+             [str(TASKS / "tiny_mlp.py"), "--space", "nope"],
+             [str(TASKS / "tiny_mlp.py"), "--exhaustive", "--trials", "3"]]
+    for case in cases:
+        submitted = service.run("submit", *case)
+        tuned = cli("tune", *case, "--run-dir", str(tmp_path / "never"))
+        assert submitted.returncode == tuned.returncode == 2, submitted.stderr
+        lines = submitted.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("precision-tuner: error: ")
+        assert lines == tuned.stderr.strip().splitlines()
+    assert {j.submission_id for j in service.client().list_jobs()} == before
+    assert not (tmp_path / "never").exists()
+
+
+def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
+    """Also, with authentication on: a job logs to the authenticated MLflow, `service stop`
+    stops it first, and after a restart (Ray forgot the job) it resumes and is fetched from
+    MLflow."""
+    service = Service(tmp_path / "svc", auth=True)
+    started = service.start()
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        token_file = service.dir / "auth_token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        refused = service.run("submit", str(TASKS / "tiny_mlp.py"))
+        assert refused.returncode == 2
+        assert "refused the request: it requires authentication" in refused.stderr
+        wrong = service.run("jobs", env={"PRECISION_TUNER_TOKEN": "0" * 64})
+        assert wrong.returncode == 2 and "the token was not accepted" in wrong.stderr
+        with pytest.raises(urllib.error.HTTPError) as denied:  # MLflow asks too
+            urllib.request.urlopen(f"{service.tracking_uri}/api/2.0/mlflow/experiments/search"
+                                   "?max_results=1", timeout=10)
+        assert denied.value.code == 401
+        allowed = service.run("jobs", "--token-file", str(token_file))
+        assert allowed.returncode == 0 and "no jobs yet" in allowed.stdout
+
+        service.env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
+        job = service.submit("slow_steps", "--trials", "4", "--steps", "14", "--finalists", "1")
+        trials_log = service.run_dir(job) / "trials.jsonl"
+        deadline = time.monotonic() + 300
+        while not (trials_log.is_file() and trials_log.read_text().count("\n") >= 1):
+            assert time.monotonic() < deadline, "no trial finished in 300 s"
+            time.sleep(0.5)
+        stopped = service.stop()                  # stops the running job first
+        assert stopped.returncode == 0, stopped.stderr
+        record = json.loads((service.run_dir(job) / "run.json").read_text())
+        assert record["status"] == "interrupted"
+        kept = len(trials_log.read_text().splitlines())
+
+        service.ports = {flag: _free_port() for flag in service.ports}
+        service.address = f"http://127.0.0.1:{service.ports['--dashboard-port']}"
+        service.tracking_uri = f"http://127.0.0.1:{service.ports['--mlflow-port']}"
+        service.env["PRECISION_TUNER_SERVICE"] = service.address
+        restarted = service.start()
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        resumed = service.submit("slow_steps", "--resume", job)   # Ray forgot: from MLflow
+        assert service.wait(resumed, client=service.client(token=True)) == "SUCCEEDED"
+        numbers = [json.loads(line)["number"] for line in trials_log.read_text().splitlines()]
+        assert len(numbers) >= kept and len(numbers) == len(set(numbers))
+        out = tmp_path / "best.json"
+        fetched = service.run("fetch", job, "--out", str(out))    # the first job's id
+        assert fetched.returncode == 0, fetched.stderr
+        assert json.loads(out.read_text()) == json.loads(
+            (service.run_dir(job) / "best_precision.json").read_text())
+    finally:
+        assert service.stop().returncode == 0
+
+
+def test_the_service_ui_shows_both_jobs_trials_side_by_side(service, side_by_side):
+    from tests.test_ui_browser import (_close_side_panel, _require_browser, _screenshot,
+                                       _wait_for_text)
+
+    _require_browser()
+    jobs, _, _ = side_by_side
+    shown = service.run("ui", "--no-browser")
+    assert shown.returncode == 0, shown.stderr
+    link = next(line.split(": ", 1)[1] for line in shown.stdout.splitlines()
+                if line.strip().startswith("precision-tuner/tiny_mlp:"))
+    parents = [service.parent_run(job) for job in jobs]
+    (experiment_id,) = {parent.info.experiment_id for parent in parents}
+    assert link.startswith(f"{service.tracking_uri}/#/experiments/{experiment_id}/runs?")
+    runs = service.mlflow().search_runs([experiment_id])
+    trials = [r for r in runs if r.data.tags["precision_tuner.kind"] == "trial"]
+    assert {r.data.tags["precision_tuner.job_id"] for r in trials} == set(jobs)
+    # First view, no columns added: every run by name, the job ids on the tuning jobs, and each
+    # trial's verdict and speedup in its name.
+    for run in trials:
+        figures = run.info.run_name.split(" · ")[0]
+        assert figures.startswith(f"#{run.data.tags['trial_number']} "
+                                  f"{run.data.tags['verdict']}"), run.info.run_name
+        speedup = run.data.metrics.get("speedup_vs_float32")
+        assert speedup is None or f"{speedup:.2f}x" in figures, run.info.run_name
+    browser = _browser()
+    try:
+        browser.get(link)
+        text = _wait_for_text(browser, [*jobs, *{r.info.run_name for r in trials},
+                                        f"{len(runs)} matching runs"])
+        assert re.search(r"#\d+ stable \d\.\d\dx [\d.]+ ms · ", text)
+        _close_side_panel(browser)
+        _screenshot(browser, "mlflow_service_two_jobs.png")
+        browser.get(f"{service.tracking_uri}/#/experiments/{experiment_id}/runs/"
+                    f"{parents[0].info.run_id}/artifacts/summary.html")
+        _wait_for_text(browser, ["summary.html"])
+        frame = _wait_for_frame(browser)
+        browser.switch_to.frame(frame)
+        table = _wait_for_text(browser, ["verdict", "speedup_vs_float32", "median_step_ms"])
+        assert "float32" in table
+        browser.switch_to.default_content()
+        _screenshot(browser, "mlflow_summary_table.png")
+    finally:
+        browser.quit()
+
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as Driver
+
+    from tests.test_ui_browser import CHROME_FLAGS, _require_browser
+
+    chromium, chromedriver = _require_browser()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Driver(chromedriver))
+
+
+def _wait_for_frame(driver, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames = [f for f in driver.find_elements("tag name", "iframe") if f.is_displayed()]
+        if frames:
+            return frames[0]
+        time.sleep(0.5)
+    raise AssertionError("the summary table's frame never appeared:\n"
+                         + driver.find_element("tag name", "body").text[:2000])
