@@ -215,8 +215,10 @@ def test_a_finalist_lost_in_the_re_measurement_is_named_and_float32_wins(tmp_pat
                             "20"), fault_name, fault_dir=tmp_path)
     output = completed.stdout[-3000:] + completed.stderr[-3000:]
     assert completed.returncode == 0, output
-    # The search's trial built it once, the re-measurement a second time (where it struck).
-    assert (tmp_path / "builds-mixed_bfloat16").read_text() == "xx", output
+    # The search's trial built it once and the re-measurement trained that live model on,
+    # where it struck.
+    assert (tmp_path / "builds-mixed_bfloat16").read_text() == "x", output
+    assert (tmp_path / "struck").read_text() == fault_name, output
     words = " ".join(completed.stdout.split())
     assert "lost #1 (mixed_bfloat16" in words and why in words, output
     best = json.loads((tmp_path / "best.json").read_text())
