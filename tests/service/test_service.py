@@ -201,7 +201,7 @@ def test_fetch_from_a_fresh_process_after_the_job_ended(service, side_by_side, t
 
 
 def test_stop_mid_run_keeps_finished_trials_and_resume_continues(service, side_by_side):
-    job = service.submit("slow_steps", "--trials", "4", "--steps", "14", "--finalists", "1")
+    job = service.submit("slow_steps", "--trials", "6", "--steps", "30", "--finalists", "1")
     client, deadline = service.client(), time.monotonic() + 300
     trials_log = service.run_dir(job) / "trials.jsonl"
     while time.monotonic() < deadline:  # stop once a trial is finished, while the next runs
@@ -272,7 +272,7 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         assert allowed.returncode == 0 and "no jobs yet" in allowed.stdout
 
         service.env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
-        job = service.submit("slow_steps", "--trials", "4", "--steps", "14", "--finalists", "1")
+        job = service.submit("slow_steps", "--trials", "6", "--steps", "30", "--finalists", "1")
         trials_log = service.run_dir(job) / "trials.jsonl"
         deadline = time.monotonic() + 300
         while not (trials_log.is_file() and trials_log.read_text().count("\n") >= 1):
