@@ -1,7 +1,11 @@
 """Bad input: exit code 2, one line saying what, the bad value and the fix; nothing written."""
 
+import json
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +26,28 @@ def bad_files(tmp_path):
     (tmp_path / "exists.json").write_text("{}")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "something").write_text("x")
+    (tmp_path / "task.txt").write_text("build_model = train_data = LOSS = None\n")
+    # An interrupted run (as `tune` leaves run.json) and a finished one, to resume.
+    for name, status in (("interrupted", "interrupted"), ("finished", "finished")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({
+            "schema_version": 1, "task": str(Path(TINY).resolve()), "space": "quick",
+            "trials": 4, "steps": 20, "seed": 0, "tolerance": 0.9, "exhaustive": False,
+            "min_gain": 0.03, "skipped_policies": [], "objective": "speed",
+            "memory_slack": 0.1, "sizing": None, "sized_by": "", "batch_pool": 20,
+            "study_name": "s", "parent_run_id": "p", "status": status}))
     return tmp_path
 
 
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 TINY = str(TASKS / "tiny_mlp.py")
+OTHER = str(TASKS / "subclassed.py")
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -49,6 +71,44 @@ TINY = str(TASKS / "tiny_mlp.py")
     (["tune", TINY, "--run-dir", "/proc/precision-tuner"], "not writable"),
     (["export", "--run-dir", "{tmp}/nowhere"], "run directory not found"),
     (["ui", "--run-dir", "{tmp}"], "no MLflow store"),
+    # flags that contradict each other or the run being resumed
+    (["tune", TINY, "--executor", "local", "--workers", "2"],
+     "--workers and --ray-address need --executor ray. Received: --executor local --workers 2."
+     " Drop them, or pass --executor ray"),
+    (["tune", TINY, "--executor", "local", "--ray-address", "127.0.0.1:6379"],
+     "Received: --executor local --ray-address 127.0.0.1:6379. Drop them"),
+    (["tune", TINY, "--resume", "--run-dir", "{tmp}/fresh"], "holds no run to resume"),
+    (["tune", TINY, "--resume", "--run-dir", "{tmp}/interrupted", "--seed", "5"],
+     "--seed 5 differs from the interrupted run's 0; a resumed run keeps its settings. Drop "
+     "--seed"),
+    (["tune", TINY, "--run-dir", "{tmp}/interrupted", "--steps", "40"],
+     "--steps 40 differs from the interrupted run's 20"),
+    (["tune", TINY, "--run-dir", "{tmp}/interrupted", "--space", "default"],
+     "--space default differs from the interrupted run's 'quick'"),
+    (["tune", TINY, "--run-dir", "{tmp}/interrupted", "--tolerance", "0.8"],
+     "--tolerance 0.8 differs from the interrupted run's 0.9"),
+    (["tune", TINY, "--run-dir", "{tmp}/interrupted", "--exhaustive"],
+     "was started with a budget of trials; a resumed run keeps its settings"),
+    (["tune", TINY, "--run-dir", "{tmp}/interrupted", "--trial-seconds", "3"],
+     "a resumed run keeps how its trials were sized"),
+    (["tune", OTHER, "--run-dir", "{tmp}/interrupted"], "belongs to task"),
+    (["tune", TINY, "--resume", "--run-dir", "{tmp}/finished"], "already finished. Export"),
+    # values out of range
+    (["tune", TINY, "--steps", "6"],
+     "--steps must exceed the space's warmup_steps (5) by at least 3"),
+    (["tune", TINY, "--out", "{tmp}/best.txt"], "--out must end in .json, .yaml or .yml. "
+     "Received: --out"),
+    (["tune", TINY, "--tolerance", "1.2"], "--tolerance: must be in (0, 1]"),
+    (["tune", TINY, "--tolerance", "0"], "--tolerance: must be in (0, 1]"),
+    (["tune", TINY, "--tolerance", "-0.5"], "--tolerance: must be in (0, 1]"),
+    (["tune", TINY, "--workers", "0"], "--workers: must be at least 1, got 0"),
+    (["tune", TINY, "--finalists", "0"], "--finalists: must be at least 1, got 0"),
+    (["tune", TINY, "--time-limit", "soon"], "--time-limit: expected a positive integer"),
+    (["tune", TINY, "--min-gain", "1"], "--min-gain: must be in [0, 1), got 1.0"),
+    (["tune", TINY, "--seed", "abc"], "--seed: invalid int value: 'abc'"),
+    (["tune", TINY, "--executor", "dask"], "--executor: invalid choice: 'dask'"),
+    (["tune", "{tmp}/task.txt"], "task file must be a Python file (.py)"),
+    (["tune", TINY, "--ray-address", "127.0.0.1"], "--ray-address needs a host and a port"),
 ])
 def test_bad_input_exits_2_with_one_line(bad_files, args, fragment):
     args = [a.replace("{tmp}", str(bad_files)) for a in args]
@@ -60,6 +120,55 @@ def test_bad_input_exits_2_with_one_line(bad_files, args, fragment):
     assert len(lines) == 1, completed.stderr
     assert fragment in lines[0]
     assert sorted(p.name for p in bad_files.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize("flag, value, fix", [
+    ("--ray-address", "127.0.0.1:{port}", "Start the cluster (`ray start --head`)"),
+    ("--ray-address", "ray://127.0.0.1:{port}", "Start the cluster (`ray start --head`)"),
+    ("--tracking-uri", "http://127.0.0.1:{port}", "Start the tracking server"),
+])
+def test_an_unreachable_server_is_refused_within_seconds(tmp_path, flag, value, fix):
+    value = value.format(port=closed_port())
+    began = time.monotonic()
+    completed = cli("tune", TINY, flag, value, "--run-dir", str(tmp_path / "run"),
+                    "--out", str(tmp_path / "best.json"))
+    elapsed = time.monotonic() - began
+    assert completed.returncode == 2, completed.stderr
+    (line,) = completed.stderr.strip().splitlines()
+    assert f"{flag} is unreachable" in line and value in line and fix in line, line
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+BAD_TASKS = TASKS / "bad"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, fragment", [
+    ("batch_size_float", "BATCH_SIZE in batch_size_float.py must be a positive integer. "
+                         "Received: BATCH_SIZE=32.0 (of type float). Set it to a whole number"),
+    ("returns_layers", "build_model() in returns_layers.py must return a keras.Model. Received: "
+                       "[<KerasTensor"),
+    ("too_few_samples", "has 10 samples, fewer than BATCH_SIZE=32. Lower BATCH_SIZE or provide "
+                        "more data"),
+    ("length_mismatch", "different numbers of samples (first dimensions [300, 320]). x and y "
+                        "must have one row per sample"),
+    ("empty_dataset", "returned an empty dataset. Provide at least one batch"),
+    ("unbatched_dataset", "yields unbatched elements: x of shape (4,), while the model takes "
+                          "(None, 4). Call .batch(BATCH_SIZE) on the dataset"),
+    ("inf_in_data", "has 1 NaN/inf value(s) in y of batch 0. Clean or impute the data"),
+    ("import_error", "importing task file import_error.py raised FileNotFoundError: [Errno 2] "
+                     "No such file or directory: '/nonexistent/precision-tuner/features.npy'. "
+                     "Fix the task file"),
+])
+def test_a_task_that_breaks_the_contract_is_refused_in_one_line(tmp_path, task, fragment):
+    run_dir, out = tmp_path / "run", tmp_path / "best.json"
+    completed = cli("tune", str(BAD_TASKS / f"{task}.py"), "--executor", "local",
+                    "--run-dir", str(run_dir), "--out", str(out))
+    assert completed.returncode == 2, completed.stdout[-2000:] + completed.stderr[-2000:]
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.startswith("precision-tuner: error: ") and fragment in line, line
+    assert list(tmp_path.iterdir()) == []  # no run directory, no --out file
 
 
 @pytest.mark.slow

@@ -43,8 +43,9 @@ def _ratio(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number such as 0.9, got {text!r}") from None
-    if not 0 < value <= 1.5:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1.5], got {value}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (a share of float32's loss decrease, "
+                                         f"such as 0.9), got {value:g}")
     return value
 
 
@@ -357,9 +358,10 @@ def _tune(args) -> int:
     run_dir = args.run_dir = args.run_dir or Path("runs") / (
         f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if args.executor == "local" and (args.workers > 1 or args.ray_address):
+        given = ([f"--workers {args.workers}"] if args.workers > 1 else []) \
+            + ([f"--ray-address {args.ray_address}"] if args.ray_address else [])
         raise UsageError("--workers and --ray-address need --executor ray. Received: "
-                         f"--executor local --workers {args.workers}"
-                         + (f" --ray-address {args.ray_address}" if args.ray_address else ""))
+                         f"--executor local {' '.join(given)}. Drop them, or pass --executor ray.")
     store = RunStore(run_dir)
     previous = store.read_run() if store.exists else None
     if args.resume and previous is None:
@@ -372,6 +374,7 @@ def _tune(args) -> int:
     _check_out(args.out, args.force)
     _check_writable_dir(run_dir)
     _check_writable_dir(args.out.resolve().parent)
+    _check_reachable(args)
 
     budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
@@ -475,6 +478,51 @@ def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not force:
         raise UsageError(f"--out {str(out)!r} already exists. Pass --force to overwrite it, "
                          "or choose another --out.")
+
+
+# Long enough for a loaded cluster to accept a connection; short enough that a wrong address is
+# refused at once (Ray and MLflow's HTTP client would otherwise retry for minutes).
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def _host_port(address: str, default_port: int | None) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``scheme://HOST:PORT/...``) as a pair; None when there is none."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname and port else None
+
+
+def _check_reachable(args) -> None:
+    """Refuse a --ray-address or an HTTP --tracking-uri that accepts no connection, in seconds,
+    before anything is started or written."""
+    import socket
+
+    targets = []
+    if args.ray_address and args.ray_address != "auto":
+        targets.append(("--ray-address", args.ray_address,
+                        _host_port(args.ray_address, None),
+                        "Start the cluster (`ray start --head`) or fix the address"))
+    uri = args.tracking_uri or ""
+    if uri.startswith(("http://", "https://")):
+        targets.append(("--tracking-uri", _redact(uri),
+                        _host_port(uri, 443 if uri.startswith("https") else 80),
+                        "Start the tracking server (`mlflow server`) or fix the URI"))
+    for flag, shown, where, fix in targets:
+        if where is None:
+            raise UsageError(f"{flag} needs a host and a port. Received: {flag} {shown}. "
+                             f"Pass HOST:PORT{' or auto' if flag == '--ray-address' else ''}.")
+        try:
+            socket.create_connection(where, timeout=_CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            raise UsageError(f"{flag} is unreachable ({why} from {where[0]}:{where[1]} within "
+                             f"{_CONNECT_TIMEOUT_S:g} s). Received: {flag} {shown}. {fix}.") \
+                from None
 
 
 def _redact(uri: str) -> str:

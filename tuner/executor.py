@@ -25,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import ContextManager, Iterator, Protocol, Sequence
 
 from tuner.errors import TrialInfrastructureError, TunerError, first_line
+from tuner.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 
 
@@ -56,6 +57,10 @@ class Executor(Protocol):
     def wait_any(self) -> list[TrialResult]: ...
     def exclusive(self) -> ContextManager[ExclusiveSession]: ...
     def close(self) -> None: ...
+
+    # When set (``tuner.job.tune`` sets it), every spec is written to this log before a worker
+    # gets it: search trials as "search", runs of an exclusive session as "re-measurement".
+    submissions: SubmissionLog | None
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.
 _WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
@@ -162,6 +167,7 @@ class LocalProcessExecutor:
         self.log_path = log_path
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._pending: tuple[TrialSpec, float] | None = None
+        self.submissions: SubmissionLog | None = None
 
     def _ensure_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -239,6 +245,8 @@ class LocalProcessExecutor:
                     self._pool.submit(_release_live).result(timeout=60)
 
     def run(self, spec: TrialSpec, time_limit_s: float, function=_run_trial) -> TrialResult:
+        if self.submissions is not None:
+            self.submissions.write(spec, "re-measurement" if function is _run_live else "search")
         future = self._ensure_pool().submit(function, spec.to_dict())
         try:
             return TrialResult.from_dict(future.result(timeout=time_limit_s))

@@ -23,7 +23,7 @@ from tuner.plan import RunPlan
 from tuner.proposer import Proposer, create_study, recover_study
 from tuner.remeasure import Remeasured, remeasure
 from tuner.results import Progress, TrialRow, TuneSummary, row_record
-from tuner.run_store import RunStore, write_atomic
+from tuner.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
 from tuner.scheduler import Scheduler
 from tuner.space import effective_placement, placed_layers
 from tuner.timing import TimeBreakdown
@@ -77,6 +77,11 @@ class _Records:
     closes, fails or is killed. A kill before the queue drained leaves trials in trials.jsonl
     whose MLflow runs are still open: a resume catches them up from trials.jsonl
     (``_open``).
+
+    MLflow going away mid-run (a tracking server down, a store that refuses writes) does not
+    stop the trials: the first failure is kept (``outage``), later MLflow calls are skipped
+    (each would wait for the same dead store), every trial still goes to trials.jsonl and
+    Optuna, and the trials MLflow misses are listed (``missing``) for the summary and run.json.
     """
 
     def __init__(self, tracker, store: RunStore, matches: dict[str, Any] | None,
@@ -90,17 +95,35 @@ class _Records:
         self.open_runs: dict[int, Any] = {}    # trial number -> Future of its MLflow run id
         self._queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-records")
         self._queued: list[Any] = []
+        self.outage: str | None = None    # MLflow's first failure, once it failed
+        self.missing: list[int] = []       # trials in trials.jsonl that MLflow does not have
 
     def later(self, call, *args, **kwargs):
-        future = self._queue.submit(call, *args, **kwargs)
+        future = self._queue.submit(self._guarded, call, *args, **kwargs)
         self._queued.append(future)
         return future
 
+    def _guarded(self, call, *args, **kwargs):
+        from tuner.errors import first_line
+
+        if self.outage is not None:
+            raise RuntimeError(f"MLflow unavailable: {self.outage}")
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            self.outage = f"{type(exc).__name__}: {first_line(exc, 200)}"
+            raise
+
     def flush(self) -> None:
-        """Wait until MLflow has everything queued; re-raise the first failure."""
+        """Wait until MLflow has everything queued; re-raise the first failure, unless it is
+        an outage (stated in the summary instead)."""
         queued, self._queued = self._queued, []
         for future in queued:
-            future.result()
+            try:
+                future.result()
+            except Exception:
+                if self.outage is None:
+                    raise
 
     def open_run_ids(self) -> list[str]:
         """The MLflow runs of trials still running (their creation waited for)."""
@@ -122,17 +145,40 @@ class _Records:
 
     def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None:
         began = time.perf_counter()
-        row.run_id = self.open_runs.pop(row.number).result()  # created while the trial ran
+        try:
+            row.run_id = self.open_runs.pop(row.number).result()  # created while it ran
+        except Exception:
+            if self.outage is None:
+                raise
+            row.run_id = None
         if self.matches is not None:
             row.placed = placed_layers(row.config, self.matches)
-        self.later(self.tracker.log_trial, row.run_id, config=row.config, result=row.result,
-                    judgement=row.judgement, baseline_ms=baseline_ms)
+        if row.run_id is None:
+            self.missing.append(row.number)
+        else:
+            logged = self.later(self.tracker.log_trial, row.run_id, config=row.config,
+                                result=row.result, judgement=row.judgement,
+                                baseline_ms=baseline_ms)
+            logged.add_done_callback(lambda done, number=row.number: self._check(done, number))
         if row.number == 0 and not row.judgement.stable:
             self.flush()
             return  # the job ends here; a resume must start from a good baseline
         self.store.append_trial(row_record(row))
         row.record_s = time.perf_counter() - began
         self.clock.workers["trials"].record_s += row.record_s
+
+    def _check(self, logged, number: int) -> None:
+        if logged.exception() is not None:
+            self.missing.append(number)
+
+    def outage_lines(self) -> list[str]:
+        """What the summary says when MLflow failed: since when, and what it misses."""
+        if self.outage is None:
+            return []
+        missing = ", ".join(f"#{n}" for n in sorted(set(self.missing))) or "none"
+        return [f"MLflow failed during the run ({self.outage}); the trials went on. Trials "
+                f"missing from MLflow: {missing} (all are in trials.jsonl and Optuna); the "
+                "job's parent run was not closed"]
 
     def steps_sized(self, steps: int, why: str) -> None:
         """The run's step count, decided by the sized baseline: in run.json (a resume keeps
@@ -152,6 +198,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
         study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True,
                              objective=plan.objective)
         requeued = recover_study(study)
+        store.repair_trials_log()  # the trial whose line a kill cut short is run again
         trials = store.read_trials()
         recorded = {t["run_id"] for t in trials if t.get("run_id")}
         behind = tracker.resume_parent(record["parent_run_id"], recorded=recorded)
@@ -198,6 +245,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     opening = time.perf_counter()
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(plan.run_dir)
+    executor.submissions = SubmissionLog(plan.run_dir / SUBMITTED_LOG)
     if diagnostics is not None:
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
     tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
@@ -232,15 +280,17 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
         # re-queued by the next `tune` on this run directory), and stop.
         _flush_quietly(records)
-        for run_id in records.open_run_ids():
-            tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
-        tracker.client.set_terminated(tracker.parent_id, "KILLED")
         store.update_run(status="interrupted")
+        if records.outage is None:
+            for run_id in records.open_run_ids():
+                tracker.kill_trial(run_id, "interrupted (Ctrl-C); re-queued on resume")
+            tracker.client.set_terminated(tracker.parent_id, "KILLED")
         raise
     except Exception:
         _flush_quietly(records)
-        tracker.client.set_terminated(tracker.parent_id, "FAILED")
         store.update_run(status="failed")
+        if records.outage is None:
+            tracker.client.set_terminated(tracker.parent_id, "FAILED")
         raise
     finally:
         records.close()
@@ -249,18 +299,22 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
             outcome.objective_lines.append(_fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))
     with clock.phase("records and plots"):
-        for row in scheduler.rows:
-            if row.remeasured_ms is not None and row.run_id:
-                tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
+        if records.outage is None:
+            for row in scheduler.rows:
+                if row.remeasured_ms is not None and row.run_id:
+                    tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
         summary = _summary(plan, scheduler, outcome, exhausted, started, tracker, task_info)
-        _close_records(plan, summary, scheduler, tracker, store, diagnostics)
+        summary.record_notes = records.outage_lines()
+        _close_records(plan, summary, scheduler, tracker if records.outage is None else None,
+                       store, diagnostics, mlflow_missing=sorted(set(records.missing)))
     # The wall time and its breakdown include the records, so they are written last.
     summary.wall_s, summary.breakdown = time.perf_counter() - started, clock
     timing = clock.to_dict(summary.wall_s)
     write_atomic(plan.run_dir / "timing.json", json.dumps(timing, indent=1))
-    tracker.log_timing({**clock.metrics(summary.wall_s), "wall_s": summary.wall_s,
-                        "outside_training_fraction": summary.outside_training_fraction},
-                       timing)
+    if records.outage is None:
+        tracker.log_timing({**clock.metrics(summary.wall_s), "wall_s": summary.wall_s,
+                            "outside_training_fraction": summary.outside_training_fraction},
+                           timing)
     return summary
 
 
@@ -309,12 +363,19 @@ def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted
 
 
 def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tracker,
-                   store: RunStore, diagnostics: dict[str, Any] | None) -> None:
+                   store: RunStore, diagnostics: dict[str, Any] | None,
+                   mlflow_missing: list[int] = ()) -> None:
+    """The run's closing records; ``tracker`` None when MLflow failed during the run (the
+    files are written, run.json lists the trials MLflow misses)."""
     from tuner.report import summary_markdown
 
     summary.best_config.save(plan.run_dir / "best_precision.json", overwrite=True)
     store.write_trials([row_record(r) for r in summary.rows])
-    tracker.log_plots(_make_plots(summary, diagnostics, plan.run_dir / "plots"))
+    plots = _make_plots(summary, diagnostics, plan.run_dir / "plots")
+    if tracker is None:
+        store.update_run(status="finished", mlflow_missing=list(mlflow_missing))
+        return
+    tracker.log_plots(plots)
     estimate, best, baseline = summary.estimate, summary.best, summary.baseline
     metrics = {
         "best_speedup_vs_float32": estimate.ratio if estimate else None,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
+from tuner.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 
 _PLACEMENT_TIMEOUT_S = 120.0
@@ -124,6 +125,7 @@ class RayExecutor:
         self.address = address
         self.node_wait_s = node_wait_s
         self._owns_ray = False
+        self._fate = None
         # Called with a line when the job waits (for a node); the job points it at its records.
         self.announce = None
         # When and where each exclusive session ran: plain data for run.json and MLflow.
@@ -131,8 +133,12 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if address is None:
-                    # "local": a new instance even where `ray start` left one running here
-                    # (a service on this machine), which ray.init() would otherwise join.
+                    from tuner.fate import share_fate
+
+                    # A driver killed without ray.shutdown() takes the Ray it started along.
+                    self._fate = share_fate()
+                    # "local": a new instance of our own, even where `ray start` left a
+                    # cluster running on this machine (ray.init() would attach to that one).
                     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING,
                              object_store_memory=200 * 1024 * 1024)
@@ -141,6 +147,11 @@ class RayExecutor:
                     ray.init(address=address, log_to_driver=False,
                              logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
+                if self._fate is not None:
+                    self._fate.release()
+                if address is None:
+                    raise TrialInfrastructureError(f"cannot start a local Ray instance: "
+                                                   f"{first_line(exc)}") from None
                 raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
                                  f"{first_line(exc)}. Start it "
                                  "(`ray start --head`) or fix the address.") from None
@@ -155,6 +166,7 @@ class RayExecutor:
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
         self.task_source_cache: dict[str, str] = {}
+        self.submissions: SubmissionLog | None = None  # see tuner.executor.Executor
 
     # -- the pool --------------------------------------------------------------------------
     @property
@@ -240,6 +252,8 @@ class RayExecutor:
     def submit(self, spec: TrialSpec, time_limit_s: float) -> None:
         self._fill_pool()
         slot = next(s for s in self._slots if s.running is None)
+        if self.submissions is not None:
+            self.submissions.write(spec, "search")
         slot.ref = slot.actor.run.remote(self._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
         neighbours = [s for s in self._slots if s is not slot and s.running is not None
@@ -434,6 +448,9 @@ class RayExecutor:
             self._replace(slot)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        if self._fate is not None:
+            self._fate.release()
+            self._fate = None
 
     def __enter__(self) -> "RayExecutor":
         return self
@@ -476,6 +493,8 @@ class _ExclusiveSession:
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         executor = self._executor
         slot = self._ensure_actor()
+        if executor.submissions is not None:
+            executor.submissions.write(spec, "re-measurement")
         slot.ref = slot.actor.run_live.remote(executor._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
         slot.overlapped = not self.exclusive_timing

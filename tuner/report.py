@@ -67,6 +67,7 @@ def headline(summary: "TuneSummary") -> list[str]:
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
     lines += summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
+    lines += [f"warning: {note}" for note in summary.record_notes]
     notes = {r.judgement.note for r in summary.rows if r.judgement.note}
     lines += [f"note: {note}" for note in sorted(notes)]
     if summary.shared_remeasure:

@@ -59,6 +59,7 @@ class TuneSummary:
     remeasure_notes: list[str] = field(default_factory=list)  # rounds, target, losses
     breakdown: TimeBreakdown | None = None   # where the wall time went, phase by phase
     objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
+    record_notes: list[str] = field(default_factory=list)  # a record that failed (MLflow)
 
     @property
     def outside_training_fraction(self) -> float:

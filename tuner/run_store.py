@@ -5,10 +5,15 @@
 - ``trials.jsonl``: one line per finished trial, appended and fsync'ed as each one finishes;
   a line cut short by a kill is ignored on reading.
 - ``trials.json``: every trial as one document, rewritten atomically at the end.
+- ``submitted.jsonl``: one line per trial spec handed to a worker (search trials and
+  re-measurement runs), written by the driver before the worker gets it, so that a trial whose
+  worker crashed, or whose driver was killed, is still known to have started. What the fault
+  suite checks every other record against.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from pathlib import Path
@@ -18,6 +23,7 @@ from tuner.errors import UsageError
 
 RUN_FILE = "run.json"
 TRIALS_LOG = "trials.jsonl"
+SUBMITTED_LOG = "submitted.jsonl"
 RUN_SCHEMA_VERSION = 1
 
 
@@ -63,6 +69,21 @@ class RunStore:
             handle.flush()
             os.fsync(handle.fileno())
 
+    def repair_trials_log(self) -> bool:
+        """Drop a last line a kill cut short (no newline yet), before a resume appends to the
+        log: appended to it, the next record would be unreadable too. True if one was cut."""
+        path = self.run_dir / TRIALS_LOG
+        if not path.is_file():
+            return False
+        data = path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return False
+        with open(path, "r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+
     def read_trials(self) -> list[dict[str, Any]]:
         path = self.run_dir / TRIALS_LOG
         if not path.is_file():
@@ -77,3 +98,21 @@ class RunStore:
 
     def write_trials(self, records: list[dict[str, Any]]) -> None:
         write_atomic(self.run_dir / "trials.json", json.dumps(records, indent=1, default=str))
+
+
+class SubmissionLog:
+    """``submitted.jsonl``: what the executors handed to their workers, one line per spec."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, spec, phase: str) -> None:
+        """Record ``spec`` (a ``TrialSpec``) as handed to a worker in ``phase`` ("search" or
+        "re-measurement")."""
+        line = {"number": spec.number, "phase": phase, "config": spec.config,
+                "steps": spec.steps, "pid": os.getpid(),
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(line, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())

@@ -1,4 +1,9 @@
-"""Faults injected end to end against the real CLI: nothing recorded may be lost."""
+"""Faults injected end to end against the real CLI: nothing recorded may be lost.
+
+Each test accounts for the run directories it made (``fault.account``, see ``accounting``):
+every trial handed to a worker must be in trials.jsonl, Optuna and MLflow with one verdict, or
+closed there as killed. The session's last line is computed from those accounts.
+"""
 
 import json
 import os
@@ -26,10 +31,25 @@ def command(run_dir, *extra, task=TASK, space=SPACE):
             "--keep-slow-policies", *extra]
 
 
-def run(args, fault_name="none", timeout=600):
+def fault_env(fault_name, fault_dir=None):
     env = {**os.environ, "FAULT": fault_name, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    if fault_dir is not None:
+        env["FAULT_DIR"] = str(fault_dir)
+    return env
+
+
+def run(args, fault_name="none", timeout=600, fault_dir=None):
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
+                          env=fault_env(fault_name, fault_dir), timeout=timeout)
+
+
+def assert_accounted(fault, run_dir, finished=None, mlflow_uri=None):
+    """Account for ``run_dir``: nothing lost; ``finished`` trials in every record."""
+    accounting = fault.account(run_dir, mlflow_uri)
+    assert not accounting.lost, accounting.describe()
+    if finished is not None:
+        assert accounting.finished == list(range(finished)), accounting.describe()
+    return accounting
 
 
 def records(run_dir):
@@ -52,6 +72,7 @@ def mlflow_trial_runs(run_dir):
     ("segv", "local", "worker_crashed", "worker process crashed"),
     ("segv", "ray", "worker_crashed", "worker process crashed"),
     ("hang", "local", "timeout", "time limit of 20 s"),
+    ("hang", "ray", "timeout", "time limit of 20 s"),
 ])
 def test_a_fault_inside_a_trial_fails_that_trial_only(tmp_path, fault, fault_name, executor,
                                                       failure_class, fragment):
@@ -59,7 +80,7 @@ def test_a_fault_inside_a_trial_fails_that_trial_only(tmp_path, fault, fault_nam
     completed = run(command(run_dir, "--executor", executor, "--time-limit", "20"), fault_name)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     trials = read_trials(run_dir)
-    fault["lost"] = 2 - len(trials)
+    assert_accounted(fault, run_dir, finished=2)
     assert [t["verdict"] for t in trials] == ["stable", "failed"]
     assert trials[1]["result"]["failure_class"] == failure_class
     assert fragment in trials[1]["reason"]
@@ -72,7 +93,7 @@ def test_a_fault_inside_a_trial_fails_that_trial_only(tmp_path, fault, fault_nam
 
 def test_nan_in_the_data_is_refused_before_anything_is_written(tmp_path, fault):
     completed = run(command(tmp_path / "run"), "nan_data")
-    fault["lost"] = 0
+    assert_accounted(fault, tmp_path / "run", finished=0)
     assert completed.returncode == 2
     assert "1 NaN/inf value(s) in x of batch 0" in completed.stderr
     assert not (tmp_path / "run").exists()
@@ -84,12 +105,11 @@ def _sigint_as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _run_until(args, marker, fault_name="none"):
+def _run_until(args, marker, fault_name="none", env=None):
     """Start the CLI; return the process once a line starting with `marker` was printed."""
-    env = {**os.environ, "FAULT": fault_name, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, start_new_session=True,
-                               preexec_fn=_sigint_as_in_a_terminal)
+                               text=True, env=env or fault_env(fault_name),
+                               start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)
     for line in process.stdout:
         if line.strip().startswith(marker):
             return process
@@ -107,7 +127,7 @@ def _resume_and_check(run_dir, before, fault, asked=4):
     assert "already finished" in completed.stdout
     after = records(run_dir)
     kept = [r for r in after if r["number"] in {b["number"] for b in before}]
-    fault["lost"] = len(before) - sum(1 for b in before if b in kept)
+    assert_accounted(fault, run_dir, finished=asked)
     assert kept == before  # finished trials kept exactly, not re-run
     assert len(after) == asked and sorted(r["number"] for r in after) == list(range(asked))
     return after
@@ -154,7 +174,232 @@ def test_a_newer_config_schema_is_refused_by_export(tmp_path, fault):
     config = run_dir / "best_precision.json"
     config.write_text(json.dumps({"schema_version": 7, "policy": "float32"}))
     completed = run([sys.executable, "-m", "tuner", "export", "--run-dir", str(run_dir)])
-    fault["lost"] = 0
+    assert_accounted(fault, run_dir, finished=0)
     assert completed.returncode == 2
     assert "schema_version 7 is newer" in completed.stderr
     assert json.loads(config.read_text())["schema_version"] == 7  # untouched
+
+
+# -- the float32 baseline itself fails --------------------------------------------------------
+
+def test_a_float32_baseline_that_diverges_ends_the_job_clearly_with_records_intact(tmp_path,
+                                                                                   fault):
+    run_dir = tmp_path / "run"
+    completed = run(command(run_dir, "--executor", "local", "--steps", "12"), "baseline_nan")
+    assert completed.returncode == 1, completed.stdout[-2000:] + completed.stderr[-2000:]
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.startswith("precision-tuner: failed: the float32 baseline trial did not train "
+                           "stably (loss non-finite at step ") \
+        and "Check the task with plain float32" in line, line
+    assert not (tmp_path / "best.json").exists()
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    assert not (run_dir / "trials.jsonl").exists()  # a resume starts from a new baseline
+    accounting = assert_accounted(fault, run_dir, finished=0)
+    assert accounting.started == [0] and accounting.ended == [0]
+    (child,) = mlflow_trial_runs(run_dir)
+    assert child.data.tags["verdict"] == "unstable" and child.info.status == "FINISHED"
+
+
+# -- faults during the re-measurement ---------------------------------------------------------
+
+@pytest.mark.parametrize("fault_name, executor, why", [
+    ("remeasure_segv", "local", "worker process crashed"),
+    ("remeasure_segv", "ray", "worker process crashed"),
+    ("remeasure_hang", "local", "time limit of 20 s"),
+])
+def test_a_finalist_lost_in_the_re_measurement_is_named_and_float32_wins(tmp_path, fault,
+                                                                         fault_name, executor,
+                                                                         why):
+    run_dir = tmp_path / "run"
+    completed = run(command(run_dir, "--executor", executor, "--steps", "12", "--time-limit",
+                            "20"), fault_name, fault_dir=tmp_path)
+    output = completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert completed.returncode == 0, output
+    # The search's trial built it once and the re-measurement trained that live model on,
+    # where it struck.
+    assert (tmp_path / "builds-mixed_bfloat16").read_text() == "x", output
+    assert (tmp_path / "struck").read_text() == fault_name, output
+    words = " ".join(completed.stdout.split())
+    assert "lost #1 (mixed_bfloat16" in words and why in words, output
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["policy"] == "float32"
+    accounting = assert_accounted(fault, run_dir, finished=2)
+    assert 1 in accounting.remeasured and accounting.remeasured.count(0) >= 2
+
+
+# -- a kill that cuts the last line of trials.jsonl short -------------------------------------
+
+def test_a_truncated_last_line_of_trials_jsonl_is_repaired_on_resume(tmp_path, fault):
+    run_dir = tmp_path / "run"
+    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
+    process = _run_until(args, "#1")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    log = run_dir / "trials.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    assert len(lines) == 2
+    log.write_text(lines[0] + lines[1][:len(lines[1]) // 2])  # killed in the middle of a write
+    completed = run(command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick"))
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "1 of 4 trials already finished" in completed.stdout
+    text = log.read_text()
+    assert text.endswith("\n") and all(json.loads(line) for line in text.splitlines())
+    after = records(run_dir)
+    assert sorted(r["number"] for r in after) == [0, 1, 2, 3]
+    assert after[0] == json.loads(lines[0])  # the whole line was kept as it was
+    assert_accounted(fault, run_dir, finished=4)
+
+
+# -- the driver killed while its worker is busy -----------------------------------------------
+
+def _processes_with(marker: str) -> list[str]:
+    """Live processes (not zombies) whose environment carries ``marker``: what the run left."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() not in (entry / "environ").read_bytes():
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if "\nState:\tZ" not in status:
+            found.append(f"{entry.name} {(entry / 'cmdline').read_bytes()[:120]!r}")
+    return found
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_the_driver_killed_while_its_worker_is_busy_leaves_no_process_behind(tmp_path, fault,
+                                                                             executor):
+    run_dir = tmp_path / "run"
+    marker = f"PRECISION_TUNER_FAULT_RUN={tmp_path.name}"
+    env = {**fault_env("none"), "PRECISION_TUNER_FAULT_RUN": tmp_path.name}
+    resume = command(run_dir, "--executor", executor, "--steps", "12", "--finalists", "1",
+                     "--trials", "3", task=SLOW_TASK, space="quick")
+    process = _run_until(resume, "#0", env=env)
+    time.sleep(1.0)  # trial #1 is training now
+    assert len(_processes_with(marker)) >= 2  # the driver and its worker(s)
+    process.kill()  # the driver only: its workers are not told
+    process.wait()
+    deadline = time.monotonic() + 60
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert _processes_with(marker) == []  # no orphan: every worker followed its driver
+    completed = run(resume)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert_accounted(fault, run_dir, finished=3)
+
+
+# -- the kernel's OOM killer -------------------------------------------------------------------
+
+def _own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory controller folder, where a child group can be made."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return folder if (folder / "memory.limit_in_bytes").is_file() else None
+    return None
+
+
+@pytest.fixture
+def memory_limited(tmp_path):
+    """A child memory cgroup of this process's own, limited to 3 GiB (the driver and its
+    TensorFlow worker need about 1.2 GiB): what runs in it is OOM-killed there, never the
+    machine's memory exhausted."""
+    parent = _own_memory_cgroup()
+    if parent is None:
+        pytest.skip("no cgroup v1 memory controller here to limit a worker's memory")
+    group = parent / f"precision-tuner-fault-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory-limited cgroup: {exc}")
+    yield group
+    deadline = time.monotonic() + 30
+    while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    group.rmdir()
+
+
+def test_a_worker_killed_by_the_oom_killer_fails_that_trial_only(memory_limited, tmp_path,
+                                                                 fault):
+    run_dir = tmp_path / "run"
+
+    def enter_the_group():
+        (memory_limited / "cgroup.procs").write_text(str(os.getpid()))
+
+    completed = subprocess.run(command(run_dir, "--executor", "local", "--steps", "12"),
+                               cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env=fault_env("oom_kill"), preexec_fn=enter_the_group)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    oom = dict(line.split() for line in (memory_limited / "memory.oom_control").read_text()
+               .splitlines())
+    assert int(oom["oom_kill"]) >= 1  # the kernel's OOM killer did it, not Python
+    trials = read_trials(run_dir)
+    assert [t["verdict"] for t in trials] == ["stable", "failed"]
+    assert trials[1]["result"]["failure_class"] == "worker_crashed"
+    assert "exit code -9" in trials[1]["reason"]
+    assert_accounted(fault, run_dir, finished=2)
+
+
+# -- MLflow going away mid-run -----------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def tracking_server(tmp_path):
+    """An MLflow tracking server on a free local port (its store a SQLite file)."""
+    import urllib.request
+
+    port, store = _free_port(), tmp_path / "server.db"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "no MLflow server"
+            time.sleep(0.5)
+    yield server, f"http://127.0.0.1:{port}", f"sqlite:///{store}"
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def test_mlflow_going_away_mid_run_stops_no_trial_and_the_loss_is_stated(tmp_path, fault,
+                                                                         tracking_server):
+    server, uri, store = tracking_server
+    run_dir = tmp_path / "run"
+    env = {**fault_env("none"), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    args = command(run_dir, *KILL_RUN, "--trials", "3", "--tracking-uri", uri,
+                   task=SLOW_TASK, space="quick")
+    process = _run_until(args, "#0", env=env)
+    os.killpg(server.pid, signal.SIGKILL)  # the server, mid-run
+    server.wait()
+    output = process.stdout.read()
+    assert process.wait(timeout=300) == 0, output
+    words = " ".join(output.split())
+    assert "MLflow failed during the run" in words and "the trials went on" in words, output
+    assert (tmp_path / "best.json").is_file()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "finished" and 2 in run["mlflow_missing"]
+    assert f"Trials missing from MLflow: {', '.join(f'#{n}' for n in run['mlflow_missing'])}" \
+        in words
+    # The server's own store holds every trial the run did not list, with its verdict.
+    accounting = assert_accounted(fault, run_dir, finished=3, mlflow_uri=store)
+    assert accounting.stated == run["mlflow_missing"]

@@ -69,7 +69,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
 def _probe_build(task, first_batch):
     import keras
 
-    from tuner.errors import first_line
+    from tuner.errors import describe, first_line
 
     try:
         model = task.build_model()
@@ -78,7 +78,9 @@ def _probe_build(task, first_batch):
                         f"{first_line(exc)}. Fix the task file.") from exc
     if not isinstance(model, keras.Model):
         raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "
-                        f"Received: {type(model).__name__}")
+                        f"Received: {describe(model)}. Return the model itself, uncompiled.")
+    if task.from_dataset:
+        _refuse_unbatched(task, model, first_batch)
     if not model.built:  # a subclassed model creates its layers' weights on its first call
         x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
         try:
@@ -89,3 +91,24 @@ def _probe_build(task, first_batch):
                             f"{first_line(exc)}. Make the model accept train_data()'s x.") \
                 from exc
     return model
+
+
+def _refuse_unbatched(task, model, first_batch) -> None:
+    """A dataset without ``.batch()`` yields single samples: each x lacks the batch dimension
+    the model's inputs have. Only a model with declared inputs can tell (a subclassed model's
+    first call on the batch fails instead, and is refused above)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
+    leaves = tf.nest.flatten(x)
+    expected = [tuple(t.shape) for t in tf.nest.flatten(inputs)]
+    if len(leaves) == len(expected) and all(np.ndim(leaf) == len(shape) - 1
+                                            for leaf, shape in zip(leaves, expected)):
+        raise TaskError(f"train_data() in {task.path.name} yields unbatched elements: x of shape "
+                        f"{tuple(np.shape(leaves[0]))}, while the model takes "
+                        f"{expected[0]}. Call .batch(BATCH_SIZE) on the dataset.")

@@ -23,6 +23,7 @@ class Task:
     make_optimizer: Callable | None
     batch_size: int
     metrics: Any
+    from_dataset: bool = False   # train_data() returned a tf.data.Dataset (batched by the user)
 
     def optimizer(self):
         import keras
@@ -63,7 +64,7 @@ def load_task(path: str) -> Task:
     batch_size = getattr(module, "BATCH_SIZE", 32)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise TaskError(f"BATCH_SIZE in {resolved.name} must be a positive integer. Received: "
-                        f"BATCH_SIZE={describe(batch_size)}")
+                        f"BATCH_SIZE={describe(batch_size)}. Set it to a whole number such as 32.")
     task = Task(path=resolved, module=module, build_model=module.build_model,
                 train_data=module.train_data, loss=module.LOSS,
                 make_optimizer=getattr(module, "make_optimizer", None),
@@ -124,6 +125,7 @@ def _materialise(task: Task, steps: int) -> list[tuple]:
         raise TaskError(f"train_data() in {task.path.name} raised {type(exc).__name__}: "
                         f"{first_line(exc)}. Fix the task file.") from exc
     if isinstance(data, tf.data.Dataset):
+        task.from_dataset = True
         elements = _from_dataset(task, data, steps)
     elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
         elements = _from_arrays(task, data, steps)

@@ -1,0 +1,17 @@
+"""A tf.data pipeline that forgot .batch()."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+LOSS = "mse"
+
+
+def build_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+
+def train_data():
+    x = np.random.default_rng(0).normal(size=(320, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(320, seed=0)
