@@ -304,7 +304,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                 if row.remeasured_ms is not None and row.run_id:
                     tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
         summary = _summary(plan, scheduler, outcome, exhausted, started, tracker, task_info)
-        summary.record_notes = records.outage_lines()
+        summary.record_notes = records.outage_lines() + _node_losses(executor, store)
         _close_records(plan, summary, scheduler, tracker if records.outage is None else None,
                        store, diagnostics, mlflow_missing=sorted(set(records.missing)))
     # The wall time and its breakdown include the records, so they are written last.
@@ -435,6 +435,14 @@ def _announce(tracker, phase: str) -> None:
         tracker.client.set_tag(tracker.parent_id, job_context.PHASE_TAG, phase[:5000])
     except Exception:  # noqa: BLE001 - a status line must never stop the job
         pass
+
+
+def _node_losses(executor, store: RunStore) -> list[str]:
+    """Ray nodes lost mid-trial (their trials ran again elsewhere): run.json and the summary."""
+    losses = list(getattr(executor, "node_losses", []) or [])
+    if losses:
+        store.update_run(node_losses=losses)
+    return losses
 
 
 def _record_exclusive_phases(executor, store: RunStore, tracker) -> None:

@@ -107,6 +107,7 @@ class _Slot:
     started: float = 0.0
     limit_s: float = 0.0
     overlapped: bool = False             # another trial ran on the same node meanwhile
+    spec: TrialSpec | None = None        # what it runs, to re-queue if its node is lost
 
 
 class RayExecutor:
@@ -167,6 +168,10 @@ class RayExecutor:
         self._finished: list[TrialResult] = []
         self.task_source_cache: dict[str, str] = {}
         self.submissions: SubmissionLog | None = None  # see tuner.executor.Executor
+        # Trials whose node was lost mid-trial, waiting for a worker on a surviving node; and
+        # a line per node lost, for the summary and run.json.
+        self._requeued: list[tuple[TrialSpec, float]] = []
+        self.node_losses: list[str] = []
 
     # -- the pool --------------------------------------------------------------------------
     @property
@@ -247,15 +252,16 @@ class RayExecutor:
 
     # -- running trials --------------------------------------------------------------------
     def in_flight(self) -> int:
-        return sum(slot.running is not None for slot in self._slots)
+        return sum(slot.running is not None for slot in self._slots) + len(self._requeued)
 
-    def submit(self, spec: TrialSpec, time_limit_s: float) -> None:
+    def submit(self, spec: TrialSpec, time_limit_s: float, requeued: bool = False) -> None:
         self._fill_pool()
         slot = next(s for s in self._slots if s.running is None)
         if self.submissions is not None:
-            self.submissions.write(spec, "search")
+            self.submissions.write(spec, "search", requeued=requeued)
         slot.ref = slot.actor.run.remote(self._with_source(spec))
         slot.running, slot.started, slot.limit_s = spec.number, time.monotonic(), time_limit_s
+        slot.spec = spec
         neighbours = [s for s in self._slots if s is not slot and s.running is not None
                       and s.node == slot.node]
         slot.overlapped = bool(neighbours)
@@ -271,6 +277,9 @@ class RayExecutor:
         import ray
 
         while True:
+            while self._requeued and (len(self._slots) < self.workers
+                                      or any(s.running is None for s in self._slots)):
+                self.submit(*self._requeued.pop(0), requeued=True)
             busy = [s for s in self._slots if s.running is not None]
             if not busy:
                 return []
@@ -278,7 +287,8 @@ class RayExecutor:
             nearest = min(s.started + s.limit_s - now for s in busy)
             ready, _ = ray.wait([s.ref for s in busy], num_returns=1,
                                 timeout=max(0.05, min(nearest, 1.0)))
-            results = [self._collect(s) for s in busy if s.ref in ready]
+            results = [r for r in (self._collect(s) for s in busy if s.ref in ready)
+                       if r is not None]
             now = time.monotonic()
             for slot in busy:
                 if slot.ref not in ready and now - slot.started > slot.limit_s:
@@ -286,7 +296,8 @@ class RayExecutor:
             if results:
                 return results
 
-    def _collect(self, slot: _Slot) -> TrialResult:
+    def _collect(self, slot: _Slot) -> TrialResult | None:
+        """The slot's result; None when its node was lost and the trial is re-queued."""
         import ray
 
         number = slot.running
@@ -298,6 +309,8 @@ class RayExecutor:
                                   f"Ray killed the worker for memory: {first_line(exc)}")
             self._replace(slot)
         except ray.exceptions.RayActorError as exc:
+            if self._node_lost(slot):
+                return None
             result = self._failed(slot, FailureClass.WORKER_CRASHED,
                                   f"worker process crashed ({first_line(exc, 200)}); replaced")
             self._replace(slot)
@@ -306,6 +319,27 @@ class RayExecutor:
         assert result.number == number
         slot.running = slot.ref = None
         return result
+
+    def _node_lost(self, slot: _Slot) -> bool:
+        """When the slot's node is gone from the cluster (not just its worker process): the
+        trial is no fault of its config, so it is queued again for a worker on a surviving
+        node, and the pool shrinks by that worker (the cluster has fewer CPUs now)."""
+        import ray
+
+        node_id = slot.node.rsplit("/", 1)[-1]
+        try:
+            alive = any(n["Alive"] for n in ray.nodes() if n["NodeID"].startswith(node_id))
+        except Exception:  # noqa: BLE001 - the cluster cannot say: count it as a crash
+            return False
+        if alive:
+            return False
+        self._requeued.append((slot.spec, slot.limit_s))
+        self._slots.remove(slot)
+        self.workers = max(1, self.workers - 1)
+        self.node_losses.append(f"node {slot.node} was lost during trial #{slot.running}; "
+                                f"the trial ran again on a surviving node, and the job went on "
+                                f"with {self.workers} worker(s)")
+        return True
 
     def _timeout(self, slot: _Slot) -> TrialResult:
         result = self._failed(slot, FailureClass.TIMEOUT,

@@ -106,12 +106,14 @@ class SubmissionLog:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, spec, phase: str) -> None:
+    def write(self, spec, phase: str, requeued: bool = False) -> None:
         """Record ``spec`` (a ``TrialSpec``) as handed to a worker in ``phase`` ("search" or
-        "re-measurement")."""
+        "re-measurement"); ``requeued``: again, after the node it ran on was lost."""
         line = {"number": spec.number, "phase": phase, "config": spec.config,
                 "steps": spec.steps, "pid": os.getpid(),
                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        if requeued:
+            line["requeued"] = True
         with open(self.path, "a") as handle:
             handle.write(json.dumps(line, default=str) + "\n")
             handle.flush()

@@ -403,3 +403,88 @@ def test_mlflow_going_away_mid_run_stops_no_trial_and_the_loss_is_stated(tmp_pat
     # The server's own store holds every trial the run did not list, with its verdict.
     accounting = assert_accounted(fault, run_dir, finished=3, mlflow_uri=store)
     assert accounting.stated == run["mlflow_missing"]
+
+
+# -- a Ray node lost mid-trial -----------------------------------------------------------------
+
+def _ray_node(*args, env):
+    """``ray start --block`` in its own process group (ending the group ends that node only;
+    `ray stop` would end every Ray instance on the machine), on loopback."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--block",
+                             "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
+                             "--dashboard-agent-listen-port", str(_free_port()),
+                             "--disable-usage-stats", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _end(process):
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A head and a worker node on this machine, one CPU each; the head notices a dead node
+    within a few seconds (Ray's default health check takes about half a minute)."""
+    import shutil
+    import socket
+    import tempfile
+
+    port, temp_dir = _free_port(), tempfile.mkdtemp(prefix="pt-ray-")
+    env = {**fault_env("none"), "RAY_health_check_period_ms": "500", "RAY_AUTH_MODE": "disabled",
+           "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+    env.pop("RAY_ADDRESS", None)
+    head = _ray_node("--head", "--port", str(port), "--include-dashboard", "false",
+                     "--ray-client-server-port", str(_free_port()), "--temp-dir", temp_dir,
+                     env=env)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            break
+        except OSError:
+            assert head.poll() is None and time.monotonic() < deadline, "no Ray head"
+            time.sleep(0.5)
+    worker = _ray_node("--address", f"127.0.0.1:{port}", env=env)
+    try:
+        yield f"127.0.0.1:{port}", worker
+    finally:
+        _end(worker)
+        _end(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
+        tmp_path, fault, two_node_cluster):
+    address, worker_node = two_node_cluster
+    run_dir = tmp_path / "run"
+    args = command(run_dir, "--executor", "ray", "--ray-address", address, "--workers", "2",
+                   "--steps", "25", "--finalists", "1", "--trials", "4",
+                   task=SLOW_TASK, space="quick")
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**fault_env("none"), "RAY_AUTH_MODE": "disabled"},
+                               start_new_session=True)
+    submitted = run_dir / "submitted.jsonl"
+    deadline = time.monotonic() + 300
+    # Trials #1 and #2 run side by side, one on each node (one CPU each): end the worker node.
+    while not (submitted.is_file() and len(submitted.read_text().splitlines()) >= 3):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    _end(worker_node)
+    output = process.stdout.read()
+    assert process.wait(timeout=300) == 0, output
+    run = json.loads((run_dir / "run.json").read_text())
+    (loss,) = run["node_losses"]
+    lost = int(loss.split("during trial #")[1].split(";")[0])
+    assert lost in (1, 2), loss
+    assert "was lost during trial" in " ".join(output.split())
+    again = [json.loads(line) for line in submitted.read_text().splitlines()
+             if json.loads(line).get("requeued")]
+    assert [line["number"] for line in again] == [lost]
+    trials = read_trials(run_dir)
+    assert all(t["verdict"] != "failed" for t in trials), [t["reason"] for t in trials]
+    assert (tmp_path / "best.json").is_file()
+    assert_accounted(fault, run_dir, finished=4)
