@@ -405,6 +405,38 @@ def test_mlflow_going_away_mid_run_stops_no_trial_and_the_loss_is_stated(tmp_pat
     assert accounting.stated == run["mlflow_missing"]
 
 
+
+def _immutable(path: Path, on: bool) -> bool:
+    """``chattr +i``: not even root may write the file (chmod does not stop root)."""
+    flag = "+i" if on else "-i"
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_a_read_only_mlflow_store_mid_run_stops_no_trial_and_the_loss_is_stated(tmp_path,
+                                                                                fault):
+    probe = tmp_path / "probe"
+    probe.touch()
+    if not (_immutable(probe, True) and _immutable(probe, False)):
+        pytest.skip("chattr +i is not available here (root on ext4 and alike)")
+    run_dir = tmp_path / "run"
+    process = _run_until(command(run_dir, *KILL_RUN, "--trials", "3", task=SLOW_TASK,
+                                 space="quick"), "#0")
+    store = run_dir / "mlflow.db"
+    assert _immutable(store, True)  # the store turns read-only mid-run
+    try:
+        output = process.stdout.read()
+        returncode = process.wait(timeout=300)
+    finally:
+        _immutable(store, False)
+    assert returncode == 0, output
+    words = " ".join(output.split())
+    assert "MLflow failed during the run" in words and "the trials went on" in words, output
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "finished" and 2 in run["mlflow_missing"]
+    assert (tmp_path / "best.json").is_file()
+    accounting = assert_accounted(fault, run_dir, finished=3)
+    assert accounting.stated == run["mlflow_missing"]
+
 # -- a Ray node lost mid-trial -----------------------------------------------------------------
 
 def _ray_node(*args, env):
