@@ -1,7 +1,7 @@
-"""Trials on real Ray: a local pool, a 2-node cluster on loopback, killed and hung workers."""
+"""Trials on real Ray: a local pool of two workers, one of them killed mid-trial. (A two-node
+cluster on loopback, a lost node and hung workers: tests/faults.)"""
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -43,29 +43,6 @@ def test_local_pool_of_two_workers_runs_a_study(tmp_path):
     assert trials[0] in remeasured and all(t["verdict"] == "stable" for t in remeasured)
 
 
-def test_two_node_cluster_on_loopback_gets_trials_on_both_nodes(tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    port = "6391"
-    ray = str(BIN / "ray")
-    start = [ray, "start", "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-             "--disable-usage-stats"]
-    try:
-        subprocess.run(start + ["--head", "--port", port, "--include-dashboard=false"], env=env,
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run(start + ["--address", f"127.0.0.1:{port}"], env=env, check=True,
-                       capture_output=True, timeout=120)
-        process = tune(str(TASKS / "tiny_mlp.py"), "--trials", "4", "--steps", "10",
-                       "--workers", "2", "--ray-address", f"127.0.0.1:{port}",
-                       "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "best.json"),
-                       env=env)
-        output, _ = process.communicate(timeout=600)
-    finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
-    assert process.returncode == 0, output[-3000:]
-    nodes = {t["result"]["node"] for t in trials_of(tmp_path / "run")}
-    assert len(nodes) == 2, nodes
-
-
 def _actor_pids(method):
     found = subprocess.run(["pgrep", "-f", f"ray::TrialActor.{method}"], capture_output=True,
                            text=True)
@@ -73,8 +50,8 @@ def _actor_pids(method):
 
 
 def test_worker_killed_mid_trial_fails_only_that_trial(tmp_path):
-    process = tune(str(TASKS / "slow_steps.py"), "--trials", "5", "--steps", "30",
-                   "--workers", "2", "--run-dir", str(tmp_path / "run"),
+    process = tune(str(TASKS / "slow_steps.py"), "--trials", "5", "--steps", "15",
+                   "--finalists", "1", "--workers", "2", "--run-dir", str(tmp_path / "run"),
                    "--out", str(tmp_path / "best.json"))
     lines = []
     killed = None
@@ -101,17 +78,3 @@ def test_worker_killed_mid_trial_fails_only_that_trial(tmp_path):
     assert len(trials) == 4 and len(crashed) == 1, [t["reason"] for t in trials]
     assert "worker process crashed" in crashed[0]["reason"]
     assert all(t["verdict"] != "failed" for t in trials if t not in crashed)
-
-
-def test_a_hung_trial_is_killed_and_the_next_one_runs():
-    from tuner.config import PrecisionConfig
-    from tuner.ray_executor import RayExecutor
-    from tuner.trial_types import FailureClass, TrialOutcome, TrialSpec
-
-    task = str(TASKS / "slow_steps.py")
-    with RayExecutor(workers=1) as executor:
-        hung = executor.run(TrialSpec(0, task, PrecisionConfig().to_dict(), 400, 2), 8.0)
-        assert hung.failure_class is FailureClass.TIMEOUT
-        assert "time limit of 8 s" in hung.failure_message
-        after = executor.run(TrialSpec(1, task, PrecisionConfig().to_dict(), 5, 2), 300.0)
-        assert after.outcome is TrialOutcome.COMPLETED and len(after.losses) == 5

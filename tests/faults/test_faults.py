@@ -493,7 +493,7 @@ def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
     address, worker_node = two_node_cluster
     run_dir = tmp_path / "run"
     args = command(run_dir, "--executor", "ray", "--ray-address", address, "--workers", "2",
-                   "--steps", "25", "--finalists", "1", "--trials", "4",
+                   "--steps", "15", "--finalists", "1", "--trials", "4",
                    task=SLOW_TASK, space="quick")
     process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env={**fault_env("none"), "RAY_AUTH_MODE": "disabled"},
@@ -512,6 +512,9 @@ def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
     (loss,) = run["node_losses"]
     lost = int(loss.split("during trial #")[1].split(";")[0])
     assert lost in (1, 2), loss
+    # Trials ran on both nodes: the lost one, and the head where every recorded trial ended.
+    (survivor,) = {t["result"]["node"] for t in read_trials(run_dir)}
+    assert loss.split()[1] != survivor, (loss, survivor)
     assert "was lost during trial" in " ".join(output.split())
     again = [json.loads(line) for line in submitted.read_text().splitlines()
              if json.loads(line).get("requeued")]
