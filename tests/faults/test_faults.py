@@ -512,9 +512,11 @@ def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
     (loss,) = run["node_losses"]
     lost = int(loss.split("during trial #")[1].split(";")[0])
     assert lost in (1, 2), loss
-    # Trials ran on both nodes: the lost one, and the head where every recorded trial ended.
-    (survivor,) = {t["result"]["node"] for t in read_trials(run_dir)}
-    assert loss.split()[1] != survivor, (loss, survivor)
+    # Trials ran on both nodes, and the lost trial's record comes from its run on the other.
+    lost_node, node_of = loss.split()[1], {t["number"]: t["result"]["node"]
+                                           for t in read_trials(run_dir)}
+    assert node_of[lost] != lost_node, (loss, node_of)
+    assert len(set(node_of.values()) | {lost_node}) == 2, (loss, node_of)
     assert "was lost during trial" in " ".join(output.split())
     again = [json.loads(line) for line in submitted.read_text().splitlines()
              if json.loads(line).get("requeued")]
