@@ -166,6 +166,9 @@ class LocalProcessExecutor:
             os.close(handle)
         self.log_path = log_path
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        # The pool's worker process, held here: once the pool breaks, its own list may already
+        # be emptied by its management thread, and the crash's exit code with it.
+        self._workers: list = []
         self._pending: tuple[TrialSpec, float] | None = None
         self.submissions: SubmissionLog | None = None
 
@@ -248,6 +251,7 @@ class LocalProcessExecutor:
         if self.submissions is not None:
             self.submissions.write(spec, "re-measurement" if function is _run_live else "search")
         future = self._ensure_pool().submit(function, spec.to_dict())
+        self._workers = list(getattr(self._pool, "_processes", {}).values()) or self._workers
         try:
             return TrialResult.from_dict(future.result(timeout=time_limit_s))
         except concurrent.futures.TimeoutError:
@@ -267,7 +271,8 @@ class LocalProcessExecutor:
         if pool is None:
             return None
         code = None
-        processes = list(getattr(pool, "_processes", {}).values())
+        processes = list(getattr(pool, "_processes", {}).values()) or self._workers
+        self._workers = []
         for process in processes:
             if process.is_alive():
                 process.kill()
@@ -277,7 +282,7 @@ class LocalProcessExecutor:
         return code
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
+        pool, self._pool, self._workers = self._pool, None, []
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
