@@ -64,10 +64,7 @@ class RunStore:
         self.write_run({**self.read_run(), **changes})
 
     def append_trial(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / TRIALS_LOG, "a") as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_line(self.run_dir / TRIALS_LOG, record)
 
     def repair_trials_log(self) -> bool:
         """Drop a last line a kill cut short (no newline yet), before a resume appends to the
@@ -114,7 +111,12 @@ class SubmissionLog:
                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
         if requeued:
             line["requeued"] = True
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(line, default=str) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_line(self.path, line)
+
+
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` to a JSON-lines file as one line, on disk (fsync'ed) when this returns."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record, default=str) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
