@@ -230,3 +230,31 @@ def test_the_balanced_objective_reads_the_pick_off_the_front(tmp_path, slack, po
     assert outcome.winner.config.policy == policy
     fronts = [line for line in outcome.objective_lines if line.startswith("front: ")]
     assert len(fronts) == 2 and "mixed_bfloat16" in " ".join(fronts)
+
+
+def test_a_finalist_that_cannot_clear_the_bar_stops_being_timed(tmp_path):
+    """Once a finalist's whole interval lies below float32 + 3% (it cannot be picked) while
+    another's still reaches it, it is dropped and the later rounds time only the others."""
+    from tuner.plan import Remeasurement
+
+    true = {(): 20.0 / 1.02, ("softmax",): 20.0 / 0.98}
+    dropped_runs = 0
+    for seed in range(8):
+        (tmp_path / str(seed)).mkdir()
+        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32"
+                          else true[c.float32.groups], drift=0.02, jitter=0.01, seed=seed)
+        scheduler, outcome, _, _ = tune(space_file(tmp_path / str(seed), MIXED), machine,
+                                        tmp_path / str(seed), trials=3, seed=seed,
+                                        remeasurement=Remeasurement(
+                                            max_rounds=8, target_half_width=0.01,
+                                            time_cap_s=1e9))
+        notes = [n for n in outcome.notes if "so it cannot be picked" in n]
+        rows = {r.number: r for r in scheduler.rows}
+        for note in notes:
+            number = int(note.split("#", 1)[1].split(" ", 1)[0])
+            row = rows[number]
+            assert row.estimate.high < 1.03
+            assert len(row.remeasured_rounds) < len(scheduler.baseline.remeasured_rounds)
+            dropped_runs += 1
+        assert outcome.winner.config.float32.groups == ()  # never the slower one
+    assert dropped_runs >= 3

@@ -85,7 +85,9 @@ def _init_worker(log_path: str) -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    import tensorflow  # noqa: F401 - pay the import once, before the first trial
+    from tuner.worker.startup import import_frameworks
+
+    import_frameworks()  # pay the import once, before the first trial
 
 
 def _run_trial(spec_dict: dict) -> dict:

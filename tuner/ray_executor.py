@@ -45,6 +45,9 @@ def _trial_actor_class():
                 pass
             import tensorflow as tf
 
+            from tuner.worker.startup import import_frameworks
+
+            import_frameworks()
             # Must happen before TensorFlow runs its first op.
             if use_gpu:
                 for gpu in tf.config.list_physical_devices("GPU"):

@@ -14,7 +14,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
 - Rounds: each runs float32 and every finalist once. The order rotates and reverses from round
   to round, so no config always runs first or right after the same neighbour.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
-  and rounds stop once the decision is clear (every interval below float32 + ``min_gain``, or a
+  and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
+  reaches it (it cannot be picked); rounds stop once the decision is clear (every interval below float32 + ``min_gain``, or a
   single finalist left whose interval clears it), or the leader's interval is within
   ``target_half_width``, or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
@@ -228,8 +229,10 @@ class _Rounds:
                 self.notes.append(f"dropped #{row.number} after {rounds} rounds: "
                                   f"{row.estimate.describe()}, clearly behind #{leader.number} "
                                   f"({leader.estimate.describe()})")
-        width = leader.estimate.relative_half_width
         bar = 1.0 + self.plan.min_gain
+        if self._drop_below(bar, rounds):
+            leader = max(self.active, key=lambda r: r.estimate.ratio)
+        width = leader.estimate.relative_half_width
         if all(r.estimate and r.estimate.high < bar for r in self.active):
             return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
                     f"(leader's interval +-{width:.1%})")
@@ -244,6 +247,21 @@ class _Rounds:
             return (f"the {policy.time_cap_s:.0f} s time cap (leader's interval "
                     f"+-{width:.1%})")
         return ""
+
+    def _drop_below(self, bar: float, rounds: int) -> bool:
+        """Drop the finalists whose whole interval lies below ``bar`` (float32 + the minimum
+        gain) while another finalist's still reaches it: none of them can be picked
+        (``decide`` needs the interval's low end above the bar), so timing them on only spends
+        the rounds. When every finalist lies below, the rounds stop instead (float32 wins)."""
+        below = [r for r in self.active if r.estimate and r.estimate.high < bar]
+        if not below or len(below) == len(self.active):
+            return False
+        for row in below:
+            self.active.remove(row)
+            self.notes.append(f"dropped #{row.number} after {rounds} rounds: "
+                              f"{row.estimate.describe()}, below float32 + "
+                              f"{self.plan.min_gain:.0%}, so it cannot be picked")
+        return True
 
     def _decide(self, rounds: int) -> Remeasured:
         self.baseline.estimate = SpeedupEstimate.identity(rounds)
