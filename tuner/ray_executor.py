@@ -43,11 +43,11 @@ def _trial_actor_class():
                 os.setpriority(os.PRIO_PROCESS, 0, 0)
             except OSError:
                 pass
-            import tensorflow as tf
-
             from tuner.worker.startup import import_frameworks
 
-            import_frameworks()
+            import_frameworks()  # before anything else imports TensorFlow: see there
+            import tensorflow as tf
+
             # Must happen before TensorFlow runs its first op.
             if use_gpu:
                 for gpu in tf.config.list_physical_devices("GPU"):

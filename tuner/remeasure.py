@@ -15,9 +15,10 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   to round, so no config always runs first or right after the same neighbour.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
-  reaches it (it cannot be picked); rounds stop once the decision is clear (every interval below float32 + ``min_gain``, or a
-  single finalist left whose interval clears it), or the leader's interval is within
-  ``target_half_width``, or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
+  reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
+  below float32 + ``min_gain``, or a single finalist left whose interval clears it), or the
+  leader's interval is within ``target_half_width``, or at ``max_rounds``, or past
+  ``time_cap_s``; the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session continues on a fresh worker (which builds its models again).
 
