@@ -278,8 +278,7 @@ class LocalProcessExecutor:
         for process in processes:
             if process.is_alive():
                 process.kill()
-            process.join(5)
-            code = process.exitcode if code is None else code
+            code = _exit_code(process, 5.0) if code is None else code
         pool.shutdown(wait=False, cancel_futures=True)
         return code
 
@@ -293,6 +292,18 @@ class LocalProcessExecutor:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _exit_code(process, timeout_s: float) -> int | None:
+    """``process``'s exit code once it is dead. The broken pool's own thread joins the same
+    process: when it reaps it between our check and our ``waitpid``, ours fails and reads None
+    until that thread has stored the code (seen as "exit code None" under the OOM killer), so
+    keep reading until it has, within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    process.join(timeout_s)
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return process.exitcode
 
 
 class _LocalSession:
