@@ -278,7 +278,8 @@ class LocalProcessExecutor:
         for process in processes:
             if process.is_alive():
                 process.kill()
-            code = _exit_code(process, 5.0) if code is None else code
+            exit_code = _exit_code(process, 5.0)
+            code = exit_code if code is None else code
         pool.shutdown(wait=False, cancel_futures=True)
         return code
 

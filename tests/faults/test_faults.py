@@ -493,7 +493,7 @@ def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
     address, worker_node = two_node_cluster
     run_dir = tmp_path / "run"
     args = command(run_dir, "--executor", "ray", "--ray-address", address, "--workers", "2",
-                   "--steps", "15", "--finalists", "1", "--trials", "4",
+                   "--steps", "30", "--finalists", "1", "--trials", "4",
                    task=SLOW_TASK, space="quick")
     process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env={**fault_env("none"), "RAY_AUTH_MODE": "disabled"},
@@ -501,6 +501,7 @@ def test_a_ray_node_lost_mid_trial_has_its_trial_run_again_and_the_job_finishes(
     submitted = run_dir / "submitted.jsonl"
     deadline = time.monotonic() + 300
     # Trials #1 and #2 run side by side, one on each node (one CPU each): end the worker node.
+    # Each lasts 30 slow steps (about 2.5 s), so the end lands while they run.
     while not (submitted.is_file() and len(submitted.read_text().splitlines()) >= 3):
         assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
         time.sleep(0.1)

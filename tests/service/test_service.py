@@ -24,6 +24,12 @@ from tests.conftest import ROOT, TASKS
 
 pytestmark = pytest.mark.slow
 
+# A job to stop mid-run: six trials of the slow-step task after its baseline (each lasts seconds),
+# so the stop lands in the search however fast the rest of the job has become. With the default
+# space this task has two configs, and the job could end between a trial and the stop.
+STOPPABLE = ("--space", str(ROOT / "tests" / "spaces" / "six_alike.yaml"), "--trials", "6",
+             "--steps", "30", "--finalists", "1")
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -201,7 +207,7 @@ def test_fetch_from_a_fresh_process_after_the_job_ended(service, side_by_side, t
 
 
 def test_stop_mid_run_keeps_finished_trials_and_resume_continues(service, side_by_side):
-    job = service.submit("slow_steps", "--trials", "6", "--steps", "30", "--finalists", "1")
+    job = service.submit("slow_steps", *STOPPABLE)
     client, deadline = service.client(), time.monotonic() + 300
     trials_log = service.run_dir(job) / "trials.jsonl"
     while time.monotonic() < deadline:  # stop once a trial is finished, while the next runs
@@ -272,7 +278,7 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         assert allowed.returncode == 0 and "no jobs yet" in allowed.stdout
 
         service.env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
-        job = service.submit("slow_steps", "--trials", "6", "--steps", "30", "--finalists", "1")
+        job = service.submit("slow_steps", *STOPPABLE)
         trials_log = service.run_dir(job) / "trials.jsonl"
         deadline = time.monotonic() + 300
         while not (trials_log.is_file() and trials_log.read_text().count("\n") >= 1):
