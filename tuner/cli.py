@@ -351,6 +351,9 @@ def _tune(args) -> int:
     from tuner.timing import TimeBreakdown
     from tuner.tracking import StagedStores
 
+    from tuner import interrupt
+
+    interrupt.install()
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.

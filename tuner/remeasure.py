@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from tuner import interrupt
 from tuner.decision import Candidate, Decision, decide
 from tuner.errors import TunerError
 from tuner.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
@@ -198,6 +199,7 @@ class _Rounds:
             if row is self.baseline or row in self.active:
                 steps = self._time(session, row)
                 row.remeasured_rounds.append(steps or [])
+                interrupt.raise_if_requested()
         if not any(self.baseline.remeasured_rounds):
             raise TunerError("re-measuring the float32 baseline failed; cannot name a winner. "
                              "Is the machine overloaded or out of memory?")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from tuner import interrupt
 from tuner.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.plan import RunPlan
@@ -150,6 +151,7 @@ class Scheduler:
                 return self.proposer.exhausted and self._budget_used < self.plan.trials
             for result in self.executor.wait_any():
                 self._finish(self.pending.pop(result.number), self.account(result))
+            interrupt.raise_if_requested()
 
     def _submit(self, number: int, proposal: Proposal) -> None:
         # Repairs are extra tries: they never cost the grid a config under --exhaustive.
