@@ -31,31 +31,44 @@ class Machine:
     fail: Callable[[PrecisionConfig, TrialSpec, bool], TrialResult | None] = \
         lambda config, spec, exclusive: None
     memory: Callable[[PrecisionConfig], int] | None = None  # training memory of a config
+    # The validation loss of a config's model after it has trained ``steps`` steps in all.
+    val_loss: Callable[[PrecisionConfig, int], float] = \
+        lambda config, steps: 0.5 + 1.0 / (1.0 + steps / 50.0)
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
-    def run(self, spec: TrialSpec, *, exclusive: bool, first: bool) -> TrialResult:
+    def run(self, spec: TrialSpec, *, exclusive: bool, first: bool,
+            trained: int = 0) -> TrialResult:
+        """One run of ``spec``; ``trained``: steps its (live) model trained before."""
         config = PrecisionConfig.from_dict(spec.config)
         failed = self.fail(config, spec, exclusive)
         if failed is not None:
             return failed
+        steps = spec.steps if spec.train_to is None else max(0, spec.train_to - trained)
         scale = self.step_ms(config) * self.rng.lognormvariate(0.0, self.drift)
         if first:
             scale *= self.first_run_penalty
-        times = [scale * 5.0] + [scale * self.rng.lognormvariate(0.0, self.jitter)
-                                 for _ in range(spec.steps - 1)]
-        losses = [2.0 * 0.95**i + self.rng.gauss(0.0, 0.002) for i in range(spec.steps)]
+        times = ([scale * 5.0] if steps else []) + [
+            scale * self.rng.lognormvariate(0.0, self.jitter) for _ in range(steps - 1)]
+        losses = [2.0 * 0.95**i + self.rng.gauss(0.0, 0.002) for i in range(steps)]
         memory = None
         if self.memory is not None:
             total = self.memory(config)
             memory = {"weights": {}, "gradients": {}, "optimizer": {},
                       "activations": {"float32": total}, "total_bytes": total}
+        validation = None
+        if spec.validate:
+            loss = self.val_loss(config, trained + steps)
+            batch_losses = [loss * (1.0 + 0.02 * (i - 3.5) / 3.5) for i in range(8)]
+            validation = {"loss": loss, "batch_losses": batch_losses, "metrics": {},
+                          "batches": 8, "samples": 64, "source": "val_data", "seconds": 0.0}
         return TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED, losses=losses,
-                           step_times_ms=times, loss_scales=[None] * spec.steps,
+                           step_times_ms=times, loss_scales=[None] * steps,
                            warmup_steps=spec.warmup_steps, train_s=sum(times[1:]) / 1000,
-                           trace_s=times[0] / 1000, training_memory=memory)
+                           trace_s=times[0] / 1000 if times else 0.0, training_memory=memory,
+                           validation=validation, trained_steps=trained + steps)
 
 
 class ScriptedExecutor:
@@ -99,12 +112,16 @@ class _Session:
     def __init__(self, executor: ScriptedExecutor) -> None:
         self.executor = executor
         self.first = True
+        self.trained: dict[int, int] = {}   # trial number -> steps its live model trained
 
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
         self.executor.submitted.append(spec)
         self.executor.remeasured.append(spec.number)
-        result = self.executor.machine.run(spec, exclusive=True, first=self.first)
+        result = self.executor.machine.run(spec, exclusive=True, first=self.first,
+                                           trained=self.trained.get(spec.number, 0))
         self.first = False
+        if result.trained_steps is not None:
+            self.trained[spec.number] = result.trained_steps
         return result
 
 

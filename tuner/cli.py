@@ -109,6 +109,16 @@ def _add_tune(commands) -> argparse.ArgumentParser:
                       help="how long the float32 baseline may train while it sizes the "
                            "trials (a slow model gets fewer steps than trial.steps) [default: "
                            "2.5]")
+    tune.add_argument("--confirm-steps", type=_positive_int, metavar="N",
+                      help="how many more steps the pick and float32 train, side by side, "
+                           "before the pick is exported (validated at 4 points) [default: 10x "
+                           "a trial's steps, capped by --confirm-seconds]")
+    tune.add_argument("--confirm-seconds", type=_seconds, metavar="S",
+                      help="the most training time the default confirmation may take, both "
+                           "models together [default: 20]")
+    tune.add_argument("--no-confirm", action="store_true",
+                      help="export the pick without the confirmation run (the provenance says "
+                           "so)")
     tune.add_argument("--run-dir", type=Path, help="where the Optuna and MLflow stores go "
                       "[default: runs/TASK-TIMESTAMP]")
     tune.add_argument("--out", type=Path, default=Path("best_precision.json"),
@@ -472,7 +482,8 @@ def _flags(args, task_path: Path):
                  finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
                  min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
                  objective=args.objective, memory_slack=args.memory_slack,
-                 trial_seconds=args.trial_seconds)
+                 trial_seconds=args.trial_seconds, confirm_steps=args.confirm_steps,
+                 confirm_seconds=args.confirm_seconds, no_confirm=args.no_confirm)
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -37,6 +37,22 @@ def describe_integers(entry: dict[str, Any]) -> str:
             f"{entry['max']:.0f}")
 
 
+def describe_continuous(entry: dict[str, Any]) -> str:
+    """``normalization (Normalization) receives feature 0 (values -122.5..-121.8, spread 0.20):
+    bfloat16's step there is 0.5, 2 of 192 distinct values survive, so a bfloat16 config must
+    keep normalization in float32``"""
+    from tuner.worker.continuous_inputs import step_text, values_text  # numpy only, no TF
+
+    which = "" if entry["input"] == 0 else f" of its float input {entry['input']}"
+    losses = "; ".join(f"{dtype}'s {step_text(entry, dtype)}, {entry['survive'][dtype]} of "
+                       f"{entry['distinct']} distinct values survive"
+                       for dtype in entry["erased_in"])
+    configs = entry["erased_in"][0] if len(entry["erased_in"]) == 1 else "16-bit"
+    return (f"{entry['layer']} ({entry['class']}) receives feature {entry['feature']}{which} "
+            f"({values_text(entry)}): {losses}, so a {configs} config must keep "
+            f"{entry['layer']} in float32")
+
+
 def conclusions(diagnostics: dict[str, Any]) -> list[str]:
     scale = diagnostics["loss_scale"]
     lines = []
@@ -47,6 +63,8 @@ def conclusions(diagnostics: dict[str, Any]) -> list[str]:
         lines.append(f"{describe_integers(entry)}: bfloat16 holds integers exactly only up to "
                      "256, float16 up to 2048, so a 16-bit config must keep "
                      f"{entry['layer']} in float32 (or feed it int32)")
+    for entry in diagnostics.get("continuous_inputs", []):
+        lines.append(describe_continuous(entry))
     lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
                  f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
                  + ("it lifts the smallest gradients out of float16's subnormal range)"

@@ -60,10 +60,25 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "min_gain": plan.min_gain,
         "objective": plan.objective,
         "training_memory_bytes": (best.result.training_memory or {}).get("total_bytes"),
+        "confirmation": _confirmation_record(best, outcome),
         "machine": machine_description(),
         "tensorflow": task_info.get("tensorflow", "?"),
         "keras": task_info.get("keras", "?"),
     }
+
+
+def _confirmation_record(best: TrialRow, outcome: Remeasured) -> dict[str, Any] | None:
+    """What the exported config's provenance says of its confirmation run."""
+    if outcome.confirm_skipped:
+        return {"verdict": "skipped", "reason": "--no-confirm: not trained longer before export"}
+    confirmed = [c.to_dict() for c in outcome.confirmations if c.trial == best.number]
+    rejected = [c.to_dict() for c in outcome.confirmations if c.trial != best.number]
+    if confirmed:
+        return {**confirmed[-1], "rejected_before": rejected}
+    if rejected:
+        return {"verdict": "float32: every confirmed 16-bit pick was rejected",
+                "rejected_before": rejected}
+    return None
 
 
 class _Records:
@@ -275,6 +290,9 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         plan = scheduler.plan  # with the sized step count
         with clock.phase("re-measurement"):
             outcome = remeasure(scheduler)
+        # The confirmation runs inside the re-measurement's session (on its live models).
+        clock.carve("re-measurement", "confirmation",
+                    sum(c.seconds for c in outcome.confirmations))
         _record_exclusive_phases(executor, store, tracker)
     except KeyboardInterrupt:
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
@@ -359,7 +377,8 @@ def _summary(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted
         tracking_uri=tracker.tracking_uri, space_exhausted=exhausted, task_info=task_info,
         best_config=best_config, shared_remeasure=outcome.shared, tie=outcome.decision.tie,
         decision=outcome.decision.explanation, remeasure_notes=outcome.notes,
-        objective_lines=outcome.objective_lines)
+        objective_lines=outcome.objective_lines, confirmations=outcome.confirmations,
+        confirm_skipped=outcome.confirm_skipped)
 
 
 def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tracker,
@@ -376,6 +395,8 @@ def _close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tr
         store.update_run(status="finished", mlflow_missing=list(mlflow_missing))
         return
     tracker.log_plots(plots)
+    if summary.confirmations:
+        tracker.log_confirmation([c.to_dict() for c in summary.confirmations])
     estimate, best, baseline = summary.estimate, summary.best, summary.baseline
     metrics = {
         "best_speedup_vs_float32": estimate.ratio if estimate else None,
@@ -400,7 +421,8 @@ def trials_table(summary: TuneSummary) -> dict[str, list]:
     parent run's summary table in MLflow)."""
     base = summary.baseline.judgement.median_step_ms if summary.baseline else None
     columns: dict[str, list] = {"trial": [], "config": [], "verdict": [], "speedup_vs_float32": [],
-                                "median_step_ms": [], "remeasured_ms": [], "reason": []}
+                                "median_step_ms": [], "remeasured_ms": [], "val_loss": [],
+                                "reason": []}
     for row in summary.rows:
         median = row.judgement.median_step_ms
         if row.estimate is not None and row is not summary.baseline:
@@ -414,6 +436,7 @@ def trials_table(summary: TuneSummary) -> dict[str, list]:
         columns["median_step_ms"].append(None if median is None else round(median, 4))
         columns["remeasured_ms"].append(None if row.remeasured_ms is None
                                         else round(row.remeasured_ms, 4))
+        columns["val_loss"].append((row.result.validation or {}).get("loss"))
         columns["reason"].append(row.judgement.reason or "")
     return columns
 

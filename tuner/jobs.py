@@ -40,7 +40,8 @@ JOB_KIND = "job"
 # output -- are the service's business).
 FORWARDED = ("space", "trials", "exhaustive", "steps", "seed", "tolerance", "time_limit",
              "workers", "finalists", "min_gain", "objective", "memory_slack",
-             "keep_slow_policies", "trial_seconds")
+             "keep_slow_policies", "trial_seconds", "confirm_steps", "confirm_seconds",
+             "no_confirm")
 
 
 # -- connecting ----------------------------------------------------------------------------

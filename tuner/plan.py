@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import compute_dtype_of
+from tuner.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.decision import DEFAULT_MIN_GAIN
 from tuner.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
@@ -53,6 +54,9 @@ class Flags:
     objective: str | None = None
     memory_slack: float | None = None
     trial_seconds: float | None = None  # the sizing cap (tuner.sizing); only without --steps
+    confirm_steps: int | None = None    # the confirmation's length (tuner.confirm)
+    confirm_seconds: float | None = None
+    no_confirm: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class RunPlan:
     matches: dict[str, Any] | None = None
     # Layers that take integer-valued floats (from diagnostics): every trial checks them.
     integer_inputs: tuple[dict[str, Any], ...] = ()
+    # Layers that take continuous features a 16-bit cast erases (from diagnostics): likewise.
+    continuous_inputs: tuple[dict[str, Any], ...] = ()
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
     objective: str = "speed"            # speed | memory | balanced (tuner.objective)
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
@@ -89,6 +95,7 @@ class RunPlan:
     sizing: Sizing | None = None
     sized_by: str = ""                  # why the baseline stopped where it did
     batch_pool: int | None = None       # distinct batches every run cycles through
+    confirm: ConfirmBudget = ConfirmBudget()  # the pick's longer training before export
 
     @property
     def warmup_steps(self) -> int:
@@ -108,7 +115,8 @@ class RunPlan:
                 "skipped_policies": list(self.skipped_policies or ()),
                 "objective": self.objective, "memory_slack": self.memory_slack,
                 "sizing": self.sizing.to_dict() if self.sizing else None,
-                "sized_by": self.sized_by, "batch_pool": self.batch_pool}
+                "sized_by": self.sized_by, "batch_pool": self.batch_pool,
+                "confirm": dataclasses.asdict(self.confirm)}
 
     def sized(self, steps: int, why: str) -> "RunPlan":
         """The plan once the baseline is sized: every later run trains ``steps`` steps."""
@@ -158,8 +166,10 @@ class RunPlan:
         space = self.space.with_diagnostics(diagnostics["candidates"],
                                             diagnostics["loss_scale"]["initial_scale"])
         trials = space.size() if self.exhaustive else self.trials
-        return dataclasses.replace(self, space=space, trials=trials,
-                                   integer_inputs=tuple(diagnostics.get("integer_inputs", ())))
+        return dataclasses.replace(
+            self, space=space, trials=trials,
+            integer_inputs=tuple(diagnostics.get("integer_inputs", ())),
+            continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())))
 
 
 def space_ref(space: str) -> str:
@@ -219,7 +229,26 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         objective=recorded.get("objective") or flags.objective or "speed",
         memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
         skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
-        sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool)
+        sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,
+        confirm=_confirm_budget(flags, recorded.get("confirm")))
+
+
+def _confirm_budget(flags: Flags, recorded: dict[str, Any] | None) -> ConfirmBudget:
+    """The confirmation's budget: a resumed run keeps its own."""
+    if recorded:
+        return ConfirmBudget(**recorded)
+    if flags.no_confirm and (flags.confirm_steps is not None
+                             or flags.confirm_seconds is not None):
+        raise UsageError("--no-confirm skips the confirmation; --confirm-steps and "
+                         "--confirm-seconds size it. Received both. Drop one of the two.")
+    if flags.confirm_steps is not None and flags.confirm_steps < 1:
+        raise UsageError(f"--confirm-steps must be a positive number of steps. Received: "
+                         f"--confirm-steps {flags.confirm_steps}")
+    if flags.confirm_seconds is not None and not flags.confirm_seconds > 0:
+        raise UsageError(f"--confirm-seconds must be positive. Received: --confirm-seconds "
+                         f"{flags.confirm_seconds:g}")
+    return ConfirmBudget(enabled=not flags.no_confirm, steps=flags.confirm_steps,
+                         seconds=flags.confirm_seconds or DEFAULT_CONFIRM_SECONDS)
 
 
 def _check_resume(previous: dict[str, Any], flags: Flags) -> None:

@@ -195,7 +195,8 @@ def tell(study, trial, row, objective: str = "speed") -> None:
 
 # Failures that keeping the named layer in float32 can cure.
 REPAIRABLE = (FailureClass.DTYPE_MISMATCH, FailureClass.INTEGER_ROUNDING,
-              FailureClass.INDEX_OUT_OF_RANGE, FailureClass.NUMERIC_CHECK)
+              FailureClass.INPUT_ROUNDING, FailureClass.INDEX_OUT_OF_RANGE,
+              FailureClass.NUMERIC_CHECK)
 
 
 def repair_for(row) -> PrecisionConfig | None:

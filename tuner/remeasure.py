@@ -22,15 +22,20 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session continues on a fresh worker (which builds its models again).
 
-The winner is then decided by ``tuner.decision.decide`` on the intervals.
+The winner is then decided by ``tuner.decision.decide`` on the intervals, and, while the
+session still holds the live models, confirmed by a longer training against float32
+(``tuner.confirm``): a pick that trains to a worse model gives way to the next the decision
+would pick, else to float32.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
+from tuner.confirm import MAX_ATTEMPTS, Confirmation, Confirmer
 from tuner.decision import Candidate, Decision, decide
 from tuner.errors import TunerError
 from tuner.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
@@ -48,6 +53,8 @@ class Remeasured:
     notes: list[str] = field(default_factory=list)
     shared: bool = False                 # the timings were not exclusive (busy cluster)
     objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
+    confirmations: list[Confirmation] = field(default_factory=list)  # in the order run
+    confirm_skipped: bool = False        # --no-confirm
 
 
 def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
@@ -118,16 +125,20 @@ def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           ["the pick is float32: nothing to re-measure"], objective_lines=lines)
     rounds = _Rounds(scheduler, baseline, [row])
-    timed = rounds.run()
-    if row.estimate is None or row not in rounds.active:
-        baseline.estimate = SpeedupEstimate.identity()
-        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
-                                             f"{why}, but #{row.number} was lost in the "
-                                             "re-measurement: float32"),
-                          timed.notes, timed.shared, lines)
-    decision = Decision(row.number, row.estimate, False,
-                        f"{why}; {row.estimate.describe()} vs float32")
-    return Remeasured(row, decision, timed.notes, timed.shared, lines)
+
+    def chosen_by_objective(count: int) -> Remeasured:
+        if row.estimate is None or row not in rounds.active:
+            baseline.estimate = SpeedupEstimate.identity()
+            return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
+                                                 f"{why}, but #{row.number} was lost in the "
+                                                 "re-measurement: float32"),
+                              rounds.notes, rounds.shared, lines)
+        decision = Decision(row.number, row.estimate, False,
+                            f"{why}; {row.estimate.describe()} vs float32")
+        return Remeasured(row, decision, rounds.notes, rounds.shared, lines)
+
+    rounds.decide = chosen_by_objective
+    return rounds.run()
 
 
 def _why_lost(result: TrialResult) -> str:
@@ -149,6 +160,8 @@ class _Rounds:
         self.count = len(finalists)
         self.notes: list[str] = []
         self.shared = False
+        self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
+        self.candidates: list[Candidate] = []
         for row in [baseline, *finalists]:
             row.remeasured_rounds = []
 
@@ -168,9 +181,43 @@ class _Rounds:
                 self._round(session, rounds)
                 rounds += 1
                 stop = self._stop_reason(rounds, time.perf_counter() - started)
-        self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in {rounds} "
-                             f"rounds, stopped by {stop}")
-        return self._decide(rounds)
+            self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in "
+                                 f"{rounds} rounds, stopped by {stop}")
+            return self._confirm(session, self.decide(rounds), rounds)
+
+    def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
+        """The pick, and the next ones if it fails, trained on against float32 before export."""
+        budget = self.plan.confirm
+        if outcome.winner is self.baseline or not budget.enabled:
+            outcome.confirm_skipped = not budget.enabled
+            return outcome
+        def run(row: TrialRow, train_to: int) -> TrialResult:
+            spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
+                                       validate=True, train_to=train_to)
+            return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
+                                          phase="confirmation")
+
+        confirmer = Confirmer(run, budget, self.plan.steps, self.scheduler.progress)
+        rows = {r.number: r for r in self.scheduler.rows}
+        rejected: list[str] = []
+        while outcome.winner is not self.baseline:
+            confirmation = confirmer.confirm(self.baseline, outcome.winner)
+            outcome.confirmations.append(confirmation)
+            if confirmation.passed:
+                return outcome
+            rejected.append(f"#{confirmation.trial} failed its confirmation "
+                            f"({confirmation.reason})")
+            left = [c for c in self.candidates
+                    if c.number not in {done.trial for done in outcome.confirmations}]
+            if len(outcome.confirmations) >= MAX_ATTEMPTS:
+                left = []
+            decision = decide(self.baseline.number, left, min_gain=self.plan.min_gain,
+                              baseline_rounds=rounds)
+            outcome.decision = dataclasses.replace(
+                decision, explanation="; ".join(rejected) + "; then: " + decision.explanation)
+            outcome.winner = rows[decision.winner]
+        self.baseline.estimate = SpeedupEstimate.identity(rounds)
+        return outcome
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and
@@ -270,6 +317,7 @@ class _Rounds:
         self.baseline.estimate = SpeedupEstimate.identity(rounds)
         candidates = [Candidate(r.number, r.config, r.estimate) for r in self.active
                       if r.estimate is not None]
+        self.candidates = candidates
         decision = decide(self.baseline.number, candidates, min_gain=self.plan.min_gain,
                           baseline_rounds=rounds)
         rows = {r.number: r for r in self.scheduler.rows}

@@ -33,13 +33,40 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
                      _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"), speedup,
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
+                     _fmt((row.result.validation or {}).get("loss"), ".4g"),
                      _fmt(memory["total_bytes"] / 1e6 if memory else None, ".3g"),
                      row.judgement.reason or ""])
     return rows
 
 
 HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "loss decr.",
-           "memory MB", "why"]
+           "val loss", "memory MB", "why"]
+
+
+def validation_line(summary: "TuneSummary") -> str | None:
+    """Where the validation figures come from (the baseline's evaluation says)."""
+    validation = summary.baseline.result.validation if summary.baseline else None
+    if not validation:
+        return None
+    if "error" in validation:
+        return (f"validation: none ({validation['error']}); trials were judged on their "
+                "training losses only")
+    where = ("the task's val_data()" if validation["source"] == "val_data" else
+             "a slice held back from the training data, which no trial trains on (the task "
+             "defines no val_data())")
+    return (f"validation: every trial evaluated on the same {validation['batches']} batches "
+            f"({validation['samples']} samples) from {where}")
+
+
+def confirmation_lines(summary: "TuneSummary") -> list[str]:
+    if summary.confirm_skipped:
+        return ["confirmation: skipped (--no-confirm): the pick was not trained longer than a "
+                "trial before export"]
+    lines = []
+    for confirmation in summary.confirmations:
+        lines.append(f"confirmation: {confirmation.line()}")
+        lines += confirmation.table()
+    return lines
 
 
 def headline(summary: "TuneSummary") -> list[str]:
@@ -67,6 +94,10 @@ def headline(summary: "TuneSummary") -> list[str]:
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
     lines += summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
+    lines += confirmation_lines(summary)
+    validation = validation_line(summary)
+    if validation:
+        lines.append(validation)
     lines += [f"warning: {note}" for note in summary.record_notes]
     notes = {r.judgement.note for r in summary.rows if r.judgement.note}
     lines += [f"note: {note}" for note in sorted(notes)]
@@ -107,7 +138,8 @@ def print_summary(summary: "TuneSummary", console) -> None:
     for header in HEADERS:
         table.add_column(header, overflow="fold",
                          justify="right" if header in ("#", "median ms", "re-measured ms",
-                                                       "speedup", "loss decr.", "memory MB")
+                                                       "speedup", "loss decr.", "val loss",
+                                                       "memory MB")
                          else "left")
     styles = {"stable": "green", "unstable": "red", "failed": "red", "stopped_slow": "yellow"}
     from rich.markup import escape

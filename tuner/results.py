@@ -60,6 +60,8 @@ class TuneSummary:
     breakdown: TimeBreakdown | None = None   # where the wall time went, phase by phase
     objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
     record_notes: list[str] = field(default_factory=list)  # a record that failed (MLflow)
+    confirmations: list[Any] = field(default_factory=list)  # tuner.confirm.Confirmation
+    confirm_skipped: bool = False       # --no-confirm
 
     @property
     def outside_training_fraction(self) -> float:

@@ -45,6 +45,7 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
                      steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
                      stop_if_slower_than_ms=stop_if_slower_than_ms,
                      integer_inputs=[dict(entry) for entry in plan.integer_inputs],
+                     continuous_inputs=[dict(entry) for entry in plan.continuous_inputs],
                      batch_pool=plan.batch_pool)
 
 
@@ -163,6 +164,7 @@ class Scheduler:
                                    trial.number if trial is not None else None,
                                    proposal.is_repair)
         spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
+        spec.validate = True    # every search trial ends on the run's validation batches
         # The baseline's model stays alive in its worker: the re-measurement starts from it;
         # so do the leading trials' where the re-measurement runs there (_keep_finalists).
         spec.keep_live = number == 0 or self._keeps_candidates()

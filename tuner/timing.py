@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 # Phases in the order a job runs them.
 PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "opening records", "trials",
-          "re-measurement", "memory check", "records and plots")
+          "re-measurement", "confirmation", "memory check", "records and plots")
 # A precision whose ceiling is below this share of float32's speed cannot win on this device.
 CANNOT_WIN_BELOW = 0.5
 
@@ -47,6 +47,7 @@ class WorkerTime:
     build_s: float = 0.0      # task, data, model build and compile, until the first step
     trace_s: float = 0.0      # the first step: tracing (and compiling) the training step
     train_s: float = 0.0      # the training steps after it
+    validate_s: float = 0.0   # evaluating on the validation batches (tuner.worker.validation)
     other_s: float = 0.0      # the rest of the run's wall time in the worker
     record_s: float = 0.0     # the driver recording the runs (MLflow, trials.jsonl)
 
@@ -56,11 +57,14 @@ class WorkerTime:
         self.build_s += result.setup_s
         self.trace_s += result.trace_s
         self.train_s += result.train_s
-        self.other_s += max(0.0, result.wall_s - result.setup_s - result.trace_s - result.train_s)
+        validate_s = (result.validation or {}).get("seconds", 0.0)
+        self.validate_s += validate_s
+        self.other_s += max(0.0, result.wall_s - result.setup_s - result.trace_s - result.train_s
+                            - validate_s)
 
     def describe(self) -> str:
         parts = [("build", self.build_s), ("trace", self.trace_s), ("train", self.train_s),
-                 ("worker other", self.other_s), ("records", self.record_s)]
+                 ("validate", self.validate_s), ("worker other", self.other_s), ("records", self.record_s)]
         return ", ".join(f"{name} {seconds:.1f}" for name, seconds in parts if seconds >= 0.05)
 
 
@@ -68,7 +72,8 @@ class WorkerTime:
 class TimeBreakdown:
     phases: dict[str, float] = field(default_factory=dict)
     workers: dict[str, WorkerTime] = field(
-        default_factory=lambda: {"trials": WorkerTime(), "re-measurement": WorkerTime()})
+        default_factory=lambda: {"trials": WorkerTime(), "re-measurement": WorkerTime(),
+                                 "confirmation": WorkerTime()})
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)
@@ -80,6 +85,14 @@ class TimeBreakdown:
             yield
         finally:
             self.add(name, time.perf_counter() - started)
+
+    def carve(self, source: str, target: str, seconds: float) -> None:
+        """Move ``seconds`` of ``source``'s time to ``target`` (a phase run inside another)."""
+        seconds = min(max(0.0, seconds), self.phases.get(source, 0.0))
+        if not seconds:
+            return
+        self.phases[source] = self.phases.get(source, 0.0) - seconds
+        self.add(target, seconds)
 
     def other_s(self, wall_s: float) -> float:
         return max(0.0, wall_s - sum(self.phases.values()))
@@ -117,6 +130,6 @@ class TimeBreakdown:
         flat = {f"time_{key(name)}_s": seconds for name, seconds in self.phases.items()}
         flat["time_other_s"] = self.other_s(wall_s)
         for name, worker in self.workers.items():
-            for part in ("build_s", "trace_s", "train_s", "other_s", "record_s"):
+            for part in ("build_s", "trace_s", "train_s", "validate_s", "other_s", "record_s"):
                 flat[f"time_{key(name)}_{part}"] = getattr(worker, part)
         return flat

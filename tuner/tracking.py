@@ -137,6 +137,15 @@ def config_params(config: PrecisionConfig) -> dict[str, str]:
     return flat
 
 
+def validation_metrics(validation: dict[str, Any] | None) -> dict[str, float]:
+    """``val_loss`` and ``val_<metric>`` of a trial's evaluation (tuner.worker.validation)."""
+    if not validation or "loss" not in validation:
+        return {}
+    metrics = {"val_loss": validation["loss"]}
+    metrics.update({f"val_{name}": value for name, value in validation["metrics"].items()})
+    return metrics
+
+
 def placement_text(placed: dict[str, Any]) -> str:
     """``softmax: dense_2, attn/softmax; block_*: block_1`` (or ``-`` when nothing is placed)."""
     parts = [f"{name}: {', '.join(paths) or 'no layer'}"
@@ -232,6 +241,22 @@ class Tracker:
             self.client.log_table(self.parent_id, data=table, artifact_file="trials_table.json")
             self.client.log_text(self.parent_id, table_html(table), SUMMARY_TABLE)
         self.client.set_terminated(self.parent_id, status)
+
+    def log_confirmation(self, confirmations: list[dict[str, Any]]) -> None:
+        """Each confirmation's validation curves on the parent run (``confirm_val_loss_float32``
+        and ``confirm_val_loss_trial_<n>``, by step) and its record (``confirmation.json``)."""
+        assert self.parent_id is not None
+        per_step = []
+        for confirmation in confirmations:
+            for point in confirmation["checkpoints"]:
+                for who, key in (("float32", "confirm_val_loss_float32"),
+                                 ("pick", f"confirm_val_loss_trial_{confirmation['trial']}")):
+                    loss = point[who].get("loss")
+                    if loss is not None:
+                        per_step.append((key, loss, point["step"]))
+        self._log_metrics(self.parent_id, [], per_step=per_step)
+        self.client.log_dict(self.parent_id, {"confirmations": confirmations},
+                             "confirmation.json")
 
     def log_ceiling(self, ceiling: dict[str, Any]) -> None:
         """Each precision's speed on the trial device, the limit the picks are read against."""
@@ -351,6 +376,7 @@ class Tracker:
             summary["speedup_vs_float32"] = baseline_ms / judgement.median_step_ms
         if result.losses:
             summary["final_loss"] = result.losses[-1]
+        summary.update(validation_metrics(result.validation))
         if result.training_memory:
             memory = result.training_memory
             summary["training_memory_bytes"] = float(memory["total_bytes"])

@@ -25,6 +25,7 @@ class FailureClass(str, enum.Enum):
 
     DTYPE_MISMATCH = "dtype_mismatch"
     INTEGER_ROUNDING = "integer_rounding"  # integer-valued floats beyond the 16-bit exact range
+    INPUT_ROUNDING = "input_rounding"  # a continuous feature that 16-bit rounding erases
     INDEX_OUT_OF_RANGE = "index_out_of_range"  # a gather/lookup index outside its table
     NUMERIC_CHECK = "numeric_check"  # the model's own check_numerics found NaN or Inf
     OUT_OF_MEMORY = "out_of_memory"
@@ -49,6 +50,9 @@ class TrialSpec:
     # Layers that take integer-valued floats (diagnostics' ``integer_inputs``): checked for
     # 16-bit rounding before the trial trains.
     integer_inputs: list[dict[str, Any]] = field(default_factory=list)
+    # Layers that take continuous features a 16-bit cast erases (diagnostics'
+    # ``continuous_inputs``): checked the same way.
+    continuous_inputs: list[dict[str, Any]] = field(default_factory=list)
     # Keep the trained model alive in the worker for the re-measurement (tuner.worker.live).
     keep_live: bool = False
     # tuner.sizing.Sizing.to_dict(): train past ``steps`` until the timing and the loss
@@ -57,6 +61,12 @@ class TrialSpec:
     # How many of the task's batches the run cycles through (None: ``steps``). Every trial of
     # a run uses the same pool, so all see the same data in the same order.
     batch_pool: int | None = None
+    # End the run with an evaluation on the run's fixed validation batches (every search
+    # trial; the confirmation's runs).
+    validate: bool = False
+    # A live model's run trains until the model has trained this many steps in all (the
+    # confirmation brings float32 and the pick to the same step counts); None: ``steps`` more.
+    train_to: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +105,10 @@ class TrialResult:
     wall_s: float = 0.0       # whole trial on the worker
     node: str = ""
     exclusive_timing: bool = True
+    # The evaluation on the validation batches (tuner.worker.validation): loss, per-batch
+    # losses, metrics, source; None when the run did not validate.
+    validation: dict[str, Any] | None = None
+    trained_steps: int | None = None   # a live model: the steps it has trained in all
 
     @property
     def timed_steps_ms(self) -> list[float]:

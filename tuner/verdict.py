@@ -1,8 +1,10 @@
 """Is a trial stable, compared with the float32 baseline? Pure Python, no TensorFlow.
 
 Stable iff: every loss finite; the loss scale never fell to its floor; skipped steps within a
-bound; and the trial learned (almost) as much as the float32 baseline did with the same seed,
-data and step budget.
+bound; the trial learned (almost) as much as the float32 baseline did with the same seed, data
+and step budget, *and ended at (almost) its level*: a large first drop (learning the mean, the
+bias) cannot hide a plateau above float32's; and it validates (almost) as well as float32 on the
+same validation batches (``validation_gap``).
 
 "As much" is judged against the losses' own step-to-step noise. Trial and baseline see the
 same batches in the same order, so their noise comes mostly from the batches; the baseline's
@@ -43,6 +45,14 @@ class Judgement:
 
 
 NOISE_SIGMAS = 2.0  # a difference within this many standard errors is noise
+# How much higher than float32's a trial's end level (training or validation loss) may be,
+# relative, besides the noise. Two runs of the same seed and batches drift apart as rounding
+# differs: measured on the examples' trials, a mixed_bfloat16 trial ended within +-5% of
+# float32's validation loss (digits -5%, audio +2%, transformer +2%), while float32 against
+# itself with another seed varied up to 1.45x (transformer) in the same budget. A 25% allowance
+# keeps that drift from rejecting a sound config and still rejects the shapes that matter
+# (a plateau at 2x, an 11x worse validation loss).
+LEVEL_ALLOWANCE = 0.25
 
 
 def _window(steps: int) -> int:
@@ -105,7 +115,48 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
                          f"{max_skipped_fraction:.0%} allowed", None, median)
     if baseline is None or baseline is result:
         return _judge_baseline(result, median)
-    return _compare_learning(result, baseline, min_loss_decrease_ratio, median)
+    judgement = _compare_learning(result, baseline, min_loss_decrease_ratio, median)
+    if not judgement.stable:
+        return judgement
+    gap = validation_gap(result.validation, baseline.validation)
+    if gap:
+        return Judgement(Verdict.UNSTABLE, gap, judgement.loss_decrease_ratio, median,
+                         judgement.note)
+    return judgement
+
+
+def validation_gap(mine: dict | None, base: dict | None,
+                   allowance: float = LEVEL_ALLOWANCE) -> str:
+    """Why ``mine`` validates worse than float32's ``base`` beyond noise and ``allowance``
+    ("" when it does not, or when either could not be evaluated). Both are
+    ``tuner.worker.validation`` results on the same batches; the noise is float32's
+    batch-to-batch scatter (the standard error of its mean over the batches)."""
+    if not mine or not base or "loss" not in mine or "loss" not in base:
+        return ""
+    own, reference = mine["loss"], base["loss"]
+    if not math.isfinite(reference):
+        return ""
+    if not math.isfinite(own):
+        return f"validation loss non-finite (float32's {reference:.3g})"
+    noise = NOISE_SIGMAS * standard_error(base.get("batch_losses") or [])
+    return _level_gap("validation loss", own, reference, noise, allowance)
+
+
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean of ``values`` (their finite part)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) >= 2 else 0.0
+
+
+def _level_gap(what: str, own: float, reference: float, noise: float,
+               allowance: float) -> str:
+    """``what`` ended above ``reference`` by more than the noise and the relative allowance."""
+    margin = max(noise, allowance * abs(reference))
+    if own - reference <= margin:
+        return ""
+    times = f"{own / reference:.2g}x; " if reference > 0 else ""
+    return (f"{what} {own:.3g} vs float32's {reference:.3g} ({times}noise +-{noise:.2g}, "
+            f"allowance {allowance:.0%})")
 
 
 def _judge_baseline(result: TrialResult, median: float | None) -> Judgement:
@@ -146,4 +197,10 @@ def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: flo
     if ratio < tolerance and base - mine > margin:
         return Judgement(Verdict.UNSTABLE, f"reached {ratio:.0%} of float32's loss decrease "
                          f"(needs {tolerance:.0%})", ratio, median)
+    window = _window(len(baseline.losses))
+    level = _level_gap("ended at a training loss", statistics.fmean(result.losses[-window:]),
+                       statistics.fmean(baseline.losses[-window:]), margin, LEVEL_ALLOWANCE)
+    if level:
+        return Judgement(Verdict.UNSTABLE, f"{level}, although it reached {ratio:.0%} of "
+                         "float32's loss decrease", ratio, median)
     return Judgement(Verdict.STABLE, "", ratio, median)

@@ -7,7 +7,9 @@ fraction of non-zero values that would underflow float16 (flush to zero below 2^
 precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
 From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
 loss scale. Layers that receive float tensors carrying integers beyond 16-bit's exact range
-(``integer_inputs``, see tuner.worker.integer_inputs) are candidates ahead of all others.
+(``integer_inputs``, see tuner.worker.integer_inputs), and layers that receive continuous
+features that a 16-bit cast erases (``continuous_inputs``: a large offset, a small spread, see
+tuner.worker.continuous_inputs) are candidates ahead of all others.
 Plain data out (``diagnose_task`` returns a dict).
 """
 
@@ -88,6 +90,15 @@ def recommend_loss_scale(gradient_abs_max: float, gradient_p01: float) -> dict[s
             "lifts_p01_to_normal": bool(gradient_p01 * scale >= FLOAT16_MIN_NORMAL)}
 
 
+def _candidates(layers: list[dict[str, Any]], rounded_inputs: list[str]) -> list[str]:
+    """The float32 placement candidates: layers whose inputs 16-bit rounding corrupts silently
+    (integers taken as floats, continuous features it cannot resolve) first, then the riskiest."""
+    ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
+                    key=lambda layer: layer["risk"], reverse=True)
+    candidates = list(dict.fromkeys(rounded_inputs))
+    return candidates + [layer["layer"] for layer in ranked if layer["layer"] not in candidates]
+
+
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
     from tuner.worker.task_loader import fixed_batches, load_task
     from tuner.worker.trial import reset_keras_state
@@ -104,6 +115,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     import tensorflow as tf
 
     from tuner.keras_apply import call_path, hook_layer_calls
+    from tuner.worker.continuous_inputs import ContinuousInputs
     from tuner.worker.integer_inputs import integer_inputs_of
 
     model.compile(optimizer=task.optimizer(), loss=task.loss)
@@ -113,9 +125,12 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     order: list[str] = []
     captured: list[tuple[str, Any, Any]] = []
     integer_inputs: dict[str, dict[str, Any]] = {}
+    continuous = ContinuousInputs()
 
     def inputs(layer, args, kwargs) -> None:
-        integer_inputs_of(layer, call_path(layer), args, kwargs, integer_inputs)
+        path = call_path(layer)
+        integer_inputs_of(layer, path, args, kwargs, integer_inputs)
+        continuous.observe(layer, path, args, kwargs)
 
     def capture(layer, output) -> None:
         if not isinstance(layer, keras.Model):
@@ -157,12 +172,10 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
     grad_max = max((g["abs_max"] for g in grads), default=0.0)
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
-                    key=lambda layer: layer["risk"], reverse=True)
-    # Layers that take integers as floats come first: 16-bit rounding corrupts them silently.
-    candidates = list(integer_inputs) + [layer["layer"] for layer in ranked
-                                         if layer["layer"] not in integer_inputs]
+    continuous_inputs = continuous.entries()
+    candidates = _candidates(layers, [*integer_inputs, *(e["layer"] for e in continuous_inputs)])
     return {"task": str(task.path), "steps": steps, "layers": layers,
             "candidates": candidates, "integer_inputs": list(integer_inputs.values()),
+            "continuous_inputs": continuous_inputs,
             "loss_scale": recommend_loss_scale(grad_max, grad_p01),
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}

@@ -8,13 +8,16 @@ lost information. Two checks, both plain data out:
 
 - :func:`integer_inputs_of` (in the float32 diagnostics): which layers receive float tensors
   whose values are all integers, larger than the smallest 16-bit exact range;
-- :func:`rounding_of` (in a trial, before it trains): whether, under the trial's config, any of
-  those layers receives them in (or casts them to) a dtype that cannot hold them exactly.
+- :func:`integer_check` (in a trial, before it trains, run by :func:`first_rounding`): whether,
+  under the trial's config, any of those layers receives them in (or casts them to) a dtype
+  that cannot hold them exactly.
+
+:func:`first_rounding` and :func:`arrival` also serve tuner.worker.continuous_inputs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -34,7 +37,8 @@ def integer_valued_max(value: Any) -> float | None:
     return float(np.max(np.abs(array)))
 
 
-def _float_leaves(args: tuple, kwargs: dict) -> list[Any]:
+def float_leaves(args: tuple, kwargs: dict) -> list[Any]:
+    """A layer call's float tensors, in ``tf.nest.flatten`` order (the index the checks use)."""
     import tensorflow as tf
 
     return [leaf for leaf in tf.nest.flatten((args, kwargs))
@@ -48,7 +52,7 @@ def integer_inputs_of(layer, path: str, args: tuple, kwargs: dict,
 
     if isinstance(layer, keras.Model):  # the layers inside it receive them too
         return
-    for leaf in _float_leaves(args, kwargs):
+    for leaf in float_leaves(args, kwargs):
         largest = integer_valued_max(leaf)
         if largest is not None and largest > _SMALLEST_LIMIT:
             entry = found.setdefault(path, {"layer": path, "class": type(layer).__name__,
@@ -56,48 +60,72 @@ def integer_inputs_of(layer, path: str, args: tuple, kwargs: dict,
             entry["max"] = max(entry["max"], largest)
 
 
-def rounding_of(model, x, expected: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
-    """Run the forward pass once, eagerly, and check each layer in ``expected`` (from the
-    diagnostics): ``(layer, reason)`` for the first that gets its integers in a dtype that
-    cannot hold them exactly, else None."""
+def arrival(layer, leaf) -> tuple[str, str]:
+    """``(arrives, computes)``: the dtype a float input reaches ``layer`` in, and the one the
+    layer computes it in. Keras autocasts only float32 inputs to the compute dtype; a 16-bit
+    input stays as it came (its rounding happened before, in the layers that made it)."""
     import keras
 
+    arrives = keras.backend.standardize_dtype(leaf.dtype)
+    casts = layer.autocast and keras.backend.is_float_dtype(layer.compute_dtype)
+    return arrives, (layer.compute_dtype if casts and arrives == "float32" else arrives)
+
+
+def integer_check(expected: Sequence[dict[str, Any]]) -> Callable:
+    """A check for :func:`first_rounding`: a layer in ``expected`` (the diagnostics'
+    ``integer_inputs``) that gets its integers in a dtype that cannot hold them exactly."""
+    wanted = {entry["layer"]: entry for entry in expected}
+
+    def check(layer, path: str, index: int, arrives: str, computes: str):
+        entry = wanted.get(path) or wanted.get(layer.name)
+        limit = EXACT_INTEGER_LIMIT.get(computes)
+        if entry is None or limit is None or entry["max"] <= limit:
+            return None
+        name = entry["layer"]
+        how = (f"arrive as {arrives} from the layers before it" if arrives != "float32"
+               else f"are cast to {computes}")
+        fix = (f"keep {name} in float32 (float32.layers: [{name}]) or feed them as int32"
+               if arrives == "float32" else
+               "declare the model's Input with dtype='int32' (or 'float32'), or keep the "
+               "layers before it in float32")
+        return name, (f"integer rounding in layer {name}: its integer-valued float inputs "
+                      f"(up to {entry['max']:.0f}) {how}, exact only up to {limit}; fix: {fix}")
+
+    return check
+
+
+def first_rounding(model, x, checks: dict[Any, Callable]) -> tuple[Any, str, str] | None:
+    """Run the forward pass once, eagerly, asking every check about every float input of every
+    layer call (``check(layer, path, index, arrives, computes)`` returns ``(layer, reason)``
+    or None): ``(tag, layer, reason)`` from the first that answers, else None."""
     from tuner.keras_apply import call_path, hook_layer_calls
 
-    wanted = {entry["layer"]: entry for entry in expected}
-    found: list[tuple[str, str]] = []
+    found: list[tuple[Any, str, str]] = []
 
-    def check(layer, args, kwargs) -> None:
+    def ask(layer, args, kwargs) -> None:
         path = call_path(layer)
-        entry = wanted.get(path) or wanted.get(layer.name)
-        if entry is None:
-            return
-        for leaf in _float_leaves(args, kwargs):
-            arrives = keras.backend.standardize_dtype(leaf.dtype)
-            casts = layer.autocast and keras.backend.is_float_dtype(layer.compute_dtype)
-            computes = layer.compute_dtype if casts and arrives == "float32" else arrives
-            limit = EXACT_INTEGER_LIMIT.get(computes)
-            if limit is None or entry["max"] <= limit:
-                continue
-            name = entry["layer"]
-            how = (f"arrive as {arrives} from the layers before it" if arrives != "float32"
-                   else f"are cast to {computes}")
-            fix = (f"keep {name} in float32 (float32.layers: [{name}]) or feed them as int32"
-                   if arrives == "float32" else
-                   "declare the model's Input with dtype='int32' (or 'float32'), or keep the "
-                   "layers before it in float32")
-            found.append((name, f"integer rounding in layer {name}: its integer-valued float "
-                                f"inputs (up to {entry['max']:.0f}) {how}, exact only up to "
-                                f"{limit}; fix: {fix}"))
-            raise _Rounded()  # stop at the first: what follows computes on rounded ids
+        for index, leaf in enumerate(float_leaves(args, kwargs)):
+            arrives, computes = arrival(layer, leaf)
+            for tag, check in checks.items():
+                answer = check(layer, path, index, arrives, computes)
+                if answer is not None:
+                    found.append((tag, *answer))
+                    raise _Rounded()  # stop at the first: what follows computes on rounded values
 
     try:
-        with hook_layer_calls(before=check):
+        with hook_layer_calls(before=ask):
             model(x, training=False)
     except _Rounded:  # Keras may re-raise it with its own message: `found` holds ours
         pass
     return found[0] if found else None
 
 
+def rounding_of(model, x, expected: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
+    """``(layer, reason)`` for the first layer in ``expected`` that gets its integers in a
+    dtype that cannot hold them exactly under the model's current config, else None."""
+    found = first_rounding(model, x, {"integer": integer_check(expected)})
+    return None if found is None else found[1:]
+
+
 class _Rounded(Exception):
-    """Raised out of the forward pass at the first layer that would round its integers."""
+    """Raised out of the forward pass at the first layer that would round its inputs."""

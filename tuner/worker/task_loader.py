@@ -1,4 +1,11 @@
-"""Import a task file in the worker and turn its data into a fixed list of batches."""
+"""Import a task file in the worker and turn its data into fixed lists of batches.
+
+Two lists, materialised once per worker: the training batches every trial trains on, in one
+fixed order, and the validation batches every trial is evaluated on (``validation_batches``):
+from the task's ``val_data()``, or, without one, a held-back slice of the training data that
+no trial trains on (the last 20% of NumPy samples, as ``long-train`` holds back; for a dataset,
+the batches after the run's pool, or the last fifth of a shorter epoch).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ class Task:
     make_optimizer: Callable | None
     batch_size: int
     metrics: Any
+    val_data: Callable | None = None
     from_dataset: bool = False   # train_data() returned a tf.data.Dataset (batched by the user)
 
     def optimizer(self):
@@ -68,7 +76,8 @@ def load_task(path: str) -> Task:
     task = Task(path=resolved, module=module, build_model=module.build_model,
                 train_data=module.train_data, loss=module.LOSS,
                 make_optimizer=getattr(module, "make_optimizer", None),
-                batch_size=batch_size, metrics=getattr(module, "METRICS", None))
+                batch_size=batch_size, metrics=getattr(module, "METRICS", None),
+                val_data=getattr(module, "val_data", None))
     _loaded[key] = task
     return task
 
@@ -97,6 +106,14 @@ def task_file_here(task_path: str, task_source: str | None) -> str:
 
 
 _batch_cache: dict[tuple[str, int], list] = {}
+_held_back: dict[tuple[str, int], list] = {}   # same key: the slice no trial trains on
+
+# Validation: at most this many batches, of at most the training batch size (an evaluation
+# step costs about a third of a training step, so 8 batches stay a few steps' time); arrays
+# with fewer samples are split into this many smaller batches, so that their batch-to-batch
+# scatter (the validation noise) can be measured.
+VAL_BATCHES = 8
+HELD_BACK_SHARE = 0.2
 
 
 def fixed_batches(task: Task, steps: int) -> list[tuple]:
@@ -112,11 +129,43 @@ def fixed_batches(task: Task, steps: int) -> list[tuple]:
     """
     key = (str(task.path), steps)
     if key not in _batch_cache:
-        _batch_cache[key] = _materialise(task, steps)
+        _batch_cache[key], _held_back[key] = _materialise(task, steps)
     return _batch_cache[key]
 
 
-def _materialise(task: Task, steps: int) -> list[tuple]:
+def validation_batches(task: Task, pool: int) -> tuple[list[tuple], str]:
+    """The batches every trial of a run with this batch ``pool`` is evaluated on, and where
+    they come from (``"val_data"``, ``"held-back"``, or ``"none"`` with no batches)."""
+    if task.val_data is not None:
+        key = (str(task.path), -1)
+        if key not in _batch_cache:
+            _batch_cache[key] = _validation_from(task)
+        return _batch_cache[key], "val_data"
+    fixed_batches(task, pool)
+    held = _held_back[(str(task.path), pool)]
+    return held, "held-back" if held else "none"
+
+
+def _validation_from(task: Task) -> list[tuple]:
+    import tensorflow as tf
+
+    try:
+        data = task.val_data()
+    except Exception as exc:
+        raise TaskError(f"val_data() in {task.path.name} raised {type(exc).__name__}: "
+                        f"{first_line(exc)}. Fix the task file.") from exc
+    if isinstance(data, tf.data.Dataset):
+        elements, _ = _scan_dataset(task, data, VAL_BATCHES, "val_data()")
+    elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        elements = _validation_split(_array_parts(task, data, "val_data()"), task.batch_size)
+    else:
+        raise TaskError(f"val_data() in {task.path.name} must return a batched tf.data.Dataset "
+                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+    return _as_tensors(task, elements[:VAL_BATCHES], "val_data()")
+
+
+def _materialise(task: Task, steps: int) -> tuple[list[tuple], list[tuple]]:
+    """The training batches and the held-back validation batches (empty with val_data())."""
     import tensorflow as tf
 
     try:
@@ -126,18 +175,25 @@ def _materialise(task: Task, steps: int) -> list[tuple]:
                         f"{first_line(exc)}. Fix the task file.") from exc
     if isinstance(data, tf.data.Dataset):
         task.from_dataset = True
-        elements = _from_dataset(task, data, steps)
+        elements, held = _from_dataset(task, data, steps)
     elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        elements = _from_arrays(task, data, steps)
+        elements, held = _from_arrays(task, data, steps)
     else:
         raise TaskError(f"train_data() in {task.path.name} must return a batched tf.data.Dataset "
                         f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
-    _refuse_non_finite(task, elements)
+    return (_as_tensors(task, elements, "train_data()"),
+            _as_tensors(task, held, "train_data()") if held else [])
+
+
+def _as_tensors(task: Task, elements: list[tuple], source: str) -> list[tuple]:
+    import tensorflow as tf
+
+    _refuse_non_finite(task, elements, source)
     return [tuple(None if part is None else tf.nest.map_structure(tf.convert_to_tensor, part)
                   for part in element) for element in elements]
 
 
-def _refuse_non_finite(task: Task, elements: list[tuple]) -> None:
+def _refuse_non_finite(task: Task, elements: list[tuple], source: str = "train_data()") -> None:
     """NaN or inf in the data would make every trial, float32 included, look unstable."""
     import tensorflow as tf
 
@@ -147,7 +203,7 @@ def _refuse_non_finite(task: Task, elements: list[tuple]) -> None:
                 values = np.asarray(leaf)
                 if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                     bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
-                    raise TaskError(f"train_data() in {task.path.name} has {bad} NaN/inf "
+                    raise TaskError(f"{source} in {task.path.name} has {bad} NaN/inf "
                                     f"value(s) in {name} of batch {index}. Clean or impute the "
                                     "data before tuning.")
 
@@ -159,53 +215,94 @@ def _leading_dims(structure: Any) -> set[int]:
             for leaf in tf.nest.flatten(structure)}
 
 
-def _from_arrays(task: Task, data, steps: int) -> list[tuple]:
-    import tensorflow as tf
-
+def _array_parts(task: Task, data, source: str = "train_data()") -> list:
+    """``[x, y]`` or ``[x, y, sample_weight]`` with one row per sample (checked)."""
     # fit(x, y, sample_weight=None) hands train_step (x, y): no trailing None.
     parts = list(data[:2]) if len(data) == 3 and data[2] is None else list(data)
     sizes = _leading_dims(parts)
     if len(sizes) != 1 or -1 in sizes:
-        raise TaskError(f"train_data() in {task.path.name} returned arrays with different numbers "
+        raise TaskError(f"{source} in {task.path.name} returned arrays with different numbers "
                         f"of samples (first dimensions {sorted(sizes)}). x and y must have one row "
                         "per sample.")
-    samples = sizes.pop()
+    return parts
+
+
+def _rows(parts: list, start: int, stop: int) -> tuple:
+    import tensorflow as tf
+
+    return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[start:stop], p) for p in parts)
+
+
+def _samples(parts: list) -> int:
+    return next(iter(_leading_dims(parts)))
+
+
+def _validation_split(parts: list, batch_size: int) -> list[tuple]:
+    """At most ``VAL_BATCHES`` equal batches of at most ``batch_size`` samples from ``parts``."""
+    samples = _samples(parts)
+    size = min(batch_size, samples // VAL_BATCHES) or 1
+    count = min(VAL_BATCHES, samples // size)
+    return [_rows(parts, index * size, (index + 1) * size) for index in range(count)] \
+        if count >= 2 else []
+
+
+def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]]:
+    parts = _array_parts(task, data)
+    samples = _samples(parts)
+    held: list[tuple] = []
+    if task.val_data is None and samples >= 2 * task.batch_size:
+        train = samples - max(2, int(samples * HELD_BACK_SHARE))
+        held = _validation_split(list(_rows(parts, train, samples)), task.batch_size)
+        samples = train
     per_epoch = samples // task.batch_size
     if per_epoch == 0:
         raise TaskError(f"train_data() in {task.path.name} has {samples} samples, fewer than "
                         f"BATCH_SIZE={task.batch_size}. Lower BATCH_SIZE or provide more data.")
-    batches = []
-    for index in range(min(steps, per_epoch)):
-        window = slice(index * task.batch_size, (index + 1) * task.batch_size)
-        batches.append(tuple(tf.nest.map_structure(lambda a: np.asarray(a)[window], p)
-                             for p in parts))
-    return batches
+    batches = [_rows(parts, index * task.batch_size, (index + 1) * task.batch_size)
+               for index in range(min(steps, per_epoch))]
+    return batches, held
 
 
-def _from_dataset(task: Task, dataset, steps: int) -> list[tuple]:
+def _from_dataset(task: Task, dataset, steps: int) -> tuple[list[tuple], list[tuple]]:
+    """The first ``steps`` batches (cycled when an epoch is shorter) and, without val_data(),
+    the next ``VAL_BATCHES`` (or the last fifth of a shorter epoch), which no trial trains on."""
+    if task.val_data is not None:
+        return _scan_dataset(task, dataset.repeat(), steps, "train_data()")[0], []
+    elements, ended = _scan_dataset(task, dataset, steps + VAL_BATCHES, "train_data()")
+    if not ended:
+        return elements[:steps], elements[steps:]
+    held = min(VAL_BATCHES, len(elements) // 5) if len(elements) >= 2 else 0
+    train = elements[:len(elements) - held] if held else elements
+    return [train[index % len(train)] for index in range(steps)], elements[len(train):]
+
+
+def _scan_dataset(task: Task, dataset, count: int, source: str) -> tuple[list[tuple], bool]:
+    """Up to ``count`` batches of one size (the first's), and whether the dataset ended first.
+    The scan is bounded: a dataset of mixed batch sizes is read at most 4x ``count`` deep."""
     import tensorflow as tf
 
     batches: list[tuple] = []
     first_dims = None
-    # Repeat so that small datasets still fill the step budget; bound the scan.
-    for element in dataset.repeat().take(steps * 4):
+    seen = 0
+    for element in dataset.take(count * 4):
+        seen += 1
         if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
-            raise TaskError(f"train_data() in {task.path.name} must yield (x, y) or "
+            raise TaskError(f"{source} in {task.path.name} must yield (x, y) or "
                             f"(x, y, sample_weight) batches. Received an element: "
                             f"{describe(element)}")
         element = tuple(element)
         dims = _leading_dims(element)
         if first_dims is None:
             if min(len(tf.nest.flatten(element[0])[0].shape), 1) == 0:
-                raise TaskError(f"train_data() in {task.path.name} yields unbatched scalars; "
+                raise TaskError(f"{source} in {task.path.name} yields unbatched scalars; "
                                 "call .batch(BATCH_SIZE) on the dataset.")
             first_dims = dims
         if dims != first_dims:
             continue
         batches.append(element)
-        if len(batches) == steps:
+        if len(batches) == count:
             break
     if not batches:
-        raise TaskError(f"train_data() in {task.path.name} returned an empty dataset. Provide "
+        raise TaskError(f"{source} in {task.path.name} returned an empty dataset. Provide "
                         "at least one batch.")
-    return batches
+    return batches, seen < count * 4 and len(batches) < count

@@ -66,10 +66,10 @@ def _run(spec: TrialSpec) -> TrialResult:
         with config.scope():
             model = task.build_model()
             stage = "check"
-            rounding = _integer_rounding(model, batches[0], spec)
+            rounding = _input_rounding(model, batches[0], spec)
             if rounding is not None:
-                result = TrialResult.failed(spec.number, FailureClass.INTEGER_ROUNDING,
-                                            rounding[1], rounding[0],
+                failure_class, layer, reason = rounding
+                result = TrialResult.failed(spec.number, failure_class, reason, layer,
                                             warmup_steps=spec.warmup_steps, node=result.node)
                 return result
             stage = "compile"
@@ -78,12 +78,14 @@ def _run(spec: TrialSpec) -> TrialResult:
             stage = "train"
             result.setup_s = time.perf_counter() - started
             _train(model, optimizer, batches, spec, result)
+            if spec.validate and result.outcome is TrialOutcome.COMPLETED:
+                result.validation = validate(task, model, spec)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
         result.training_memory = _training_memory(model, optimizer, batches[0], config)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             from tuner.worker.live import keep
 
-            keep(spec, model, optimizer, batches)
+            keep(spec, model, optimizer, batches, task, trained=len(result.losses))
         if result.first_non_finite_step is not None:
             result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
                                                       result.first_non_finite_step)
@@ -109,6 +111,15 @@ def _run(spec: TrialSpec) -> TrialResult:
     return result
 
 
+def validate(task, model, spec: TrialSpec) -> dict:
+    """The model's loss and metrics on the run's validation batches (tuner.worker.validation)."""
+    from tuner.worker.task_loader import validation_batches
+    from tuner.worker.validation import evaluate
+
+    batches, source = validation_batches(task, spec.batch_pool or spec.steps)
+    return evaluate(model, batches, source)
+
+
 def _training_memory(model, optimizer, first_batch, config: PrecisionConfig) -> dict | None:
     """Exact training-state and activation bytes (tuner.worker.memory); None if the model
     cannot be run eagerly once more (the figure is a courtesy, never a failure)."""
@@ -124,16 +135,25 @@ def _training_memory(model, optimizer, first_batch, config: PrecisionConfig) -> 
         return None
 
 
-def _integer_rounding(model, first_batch, spec: TrialSpec) -> tuple[str, str] | None:
-    """(layer, reason) when this config rounds the integer-valued floats a layer takes."""
-    if not spec.integer_inputs:
+def _input_rounding(model, first_batch,
+                    spec: TrialSpec) -> tuple[FailureClass, str, str] | None:
+    """(failure class, layer, reason) when this config rounds the integer-valued floats a layer
+    takes, or erases a continuous feature it takes (both found by the diagnostics), in one
+    forward pass."""
+    from tuner.worker.continuous_inputs import continuous_check
+    from tuner.worker.integer_inputs import first_rounding, integer_check
+
+    checks = {}
+    if spec.integer_inputs:
+        checks[FailureClass.INTEGER_ROUNDING] = integer_check(spec.integer_inputs)
+    if spec.continuous_inputs:
+        checks[FailureClass.INPUT_ROUNDING] = continuous_check(spec.continuous_inputs)
+    if not checks:
         return None
     import keras
 
-    from tuner.worker.integer_inputs import rounding_of
-
     x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
-    return rounding_of(model, x, spec.integer_inputs)
+    return first_rounding(model, x, checks)
 
 
 def _failure_context(model) -> tuple[list[str], list[str]]:

@@ -1,0 +1,122 @@
+"""The confirmation run, through a scripted executor: a pick that validates worse than float32
+over a longer training is not exported; the next finalist is confirmed, else float32; both
+models are brought to the same step counts; --no-confirm says so."""
+
+import dataclasses
+
+import pytest
+
+from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
+from tuner.confirm import CHECKPOINTS, ConfirmBudget
+from tuner.plan import Flags, resolve
+from tuner.errors import UsageError
+from tuner.remeasure import remeasure
+
+SPACE = """
+policies: [float32, mixed_bfloat16]
+float32: {groups: [softmax]}
+trials: 3
+trial: {steps: 20, warmup_steps: 3}
+"""
+FAST = {"float32": 30.0, "mixed_bfloat16": 30.0 / 1.45}
+
+
+def _late_plateau(bad_groups):
+    """Validation loss by steps trained: float32's keeps falling; a config with ``bad_groups``
+    float32 groups follows it for a trial's length, then plateaus at 0.6."""
+    def loss(config, steps):
+        base = 0.1 + 2.0 / (1.0 + steps / 20.0)
+        if config.policy != "float32" and config.float32.groups == bad_groups:
+            return max(base, 0.6)
+        return base
+    return loss
+
+
+def tune(tmp_path, machine, budget=ConfirmBudget(steps=200)):
+    executor = ScriptedExecutor(machine)
+    scheduler = scheduler_for(space_file(tmp_path, SPACE), executor, tmp_path, trials=3)
+    scheduler.plan = dataclasses.replace(scheduler.plan, confirm=budget)
+    scheduler.run()
+    return scheduler, remeasure(scheduler), executor
+
+
+def test_a_pick_that_plateaus_later_is_rejected_and_the_next_finalist_confirmed(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=_late_plateau(()))
+    scheduler, outcome, _ = tune(tmp_path, machine)
+    # The search trials (20 steps) validate alike: the plain bf16 config was stable there.
+    plain = next(r for r in scheduler.rows if r.config.policy == "mixed_bfloat16"
+                 and not r.config.float32.groups)
+    assert plain.judgement.stable
+    first, second = outcome.confirmations
+    assert first.trial == plain.number and not first.passed
+    assert "validation loss 0.6 vs float32's" in first.reason
+    assert second.passed and outcome.winner.number == second.trial
+    assert outcome.winner.config.float32.groups == ("softmax",)
+    assert f"#{plain.number} failed its confirmation" in outcome.decision.explanation
+    assert len(first.checkpoints) == CHECKPOINTS
+    assert first.table()[1].split()[0] == str(first.checkpoints[0].step)
+
+
+def test_when_every_confirmed_pick_fails_float32_is_exported(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1,
+                      val_loss=lambda c, steps: 0.6 if c.policy != "float32" and steps > 60
+                      else 0.1 + 2.0 / (1.0 + steps / 20.0))
+    scheduler, outcome, _ = tune(tmp_path, machine)
+    assert outcome.winner is scheduler.baseline
+    assert outcome.confirmations and not any(c.passed for c in outcome.confirmations)
+    assert "failed its confirmation" in outcome.decision.explanation
+
+
+def test_both_models_are_validated_at_the_same_step_counts(tmp_path):
+    seen = []
+
+    def loss(config, steps):
+        seen.append((config.policy, steps))
+        return 0.2
+
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=2, val_loss=loss)
+    _, outcome, executor = tune(tmp_path, machine, ConfirmBudget(steps=120))
+    confirmation = outcome.confirmations[0]
+    assert confirmation.passed
+    steps = [point.step for point in confirmation.checkpoints]
+    assert steps == sorted(steps) and steps[-1] - steps[0] == 90   # 4 points, 30 apart
+    for step in steps:
+        assert {policy for policy, trained in seen if trained == step} == \
+            {"float32", "mixed_bfloat16"}
+
+
+def test_a_stable_pick_passes_with_the_figures_in_its_record(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=3)
+    _, outcome, _ = tune(tmp_path, machine)
+    (confirmation,) = outcome.confirmations
+    record = confirmation.to_dict()
+    assert record["verdict"] == "passed" and record["steps"] == 200
+    assert record["float32_val_loss"] == pytest.approx(record["pick_val_loss"])
+    assert record["noise"] > 0
+    assert "confirmed #" in confirmation.line()
+
+
+def test_no_confirm_skips_it_and_says_so(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=_late_plateau(()))
+    _, outcome, _ = tune(tmp_path, machine, ConfirmBudget(enabled=False))
+    assert outcome.confirm_skipped and not outcome.confirmations
+    assert outcome.winner.config.policy == "mixed_bfloat16"
+
+
+def test_the_default_length_is_capped_by_the_seconds():
+    budget = ConfirmBudget(seconds=10.0)
+    assert budget.extra_steps(50, ms_per_step_both=10.0) == (500, "10x a trial's 50 steps")
+    steps, why = budget.extra_steps(50, ms_per_step_both=100.0)
+    assert steps == 100 and "10 s" in why
+
+
+def test_confirm_flags_are_validated(tmp_path):
+    task = tmp_path / "task.py"
+    with pytest.raises(UsageError, match="--no-confirm skips"):
+        resolve(Flags(task_path=task, run_dir=tmp_path / "r", no_confirm=True,
+                      confirm_steps=10), None)
+    with pytest.raises(UsageError, match="--confirm-seconds must be positive"):
+        resolve(Flags(task_path=task, run_dir=tmp_path / "r", confirm_seconds=0.0), None)
+    plan = resolve(Flags(task_path=task, run_dir=tmp_path / "r", confirm_steps=300), None)
+    assert plan.confirm == ConfirmBudget(steps=300)
+    assert plan.settings()["confirm"]["steps"] == 300

@@ -1,0 +1,159 @@
+"""Continuous inputs that 16 bits cannot resolve (a large offset, a small spread): measured in
+the diagnostics, caught in a trial before it trains, named in the model's terms."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from tuner.config import Float32Placement, PrecisionConfig  # noqa: E402
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
+from tuner.worker.continuous_inputs import erased_features  # noqa: E402
+from tuner.worker.trial import run_trial  # noqa: E402
+
+ROOT = Path(__file__).parent.parent.parent
+GEO = str(ROOT / "tests" / "quality" / "geo_coordinates.py")
+TASKS = sorted(str(path.relative_to(ROOT)) for path in
+               [*(ROOT / "examples").glob("*.py"), *(ROOT / "tests" / "zoo").glob("*.py")]
+               if not path.name.startswith(("test_", "__")))
+
+
+@pytest.fixture(scope="module")
+def geo_diagnostics():
+    from tuner.worker.diagnose import diagnose_task
+
+    return diagnose_task(GEO, steps=3)
+
+
+def _trial(cfg, diagnostics, steps=6):
+    spec = TrialSpec(0, GEO, cfg.to_dict(), steps, 2,
+                     continuous_inputs=diagnostics["continuous_inputs"])
+    return TrialResult.from_dict(run_trial(spec.to_dict()))
+
+
+# -- the measurement ------------------------------------------------------------------------------
+def test_only_features_with_a_large_offset_and_a_small_spread_are_erased():
+    rng = np.random.default_rng(0)
+    rows = 4096
+    table = np.stack([
+        rng.uniform(-122.5, -121.8, rows),          # 0: longitude: bfloat16 steps by 0.5 there
+        rng.normal(0.0, 1.0, rows),                 # 1: standardized
+        rng.integers(0, 2, rows).astype(float),     # 2: a 0/1 flag
+        np.full(rows, 290.15),                      # 3: constant
+        np.maximum(rng.normal(0.0, 1.0, rows), 0),  # 4: a ReLU's output
+        rng.normal(290.0, 0.5, rows),               # 5: kelvin: float16 steps by 0.25 there
+        rng.integers(0, 5000, rows).astype(float),  # 6: ids: integer_inputs' business
+        np.maximum(rng.normal(0.0, 5e4, rows), 0),  # 7: overflows float16: not rounding
+    ], axis=1).astype("float32")
+    found = {entry["feature"]: entry for entry in erased_features(table)}
+    assert sorted(found) == [0, 5]
+    longitude, kelvin = found[0], found[5]
+    assert longitude["erased_in"] == ["bfloat16"]
+    assert longitude["step"] == {"bfloat16": 0.5, "float16": 0.0625}
+    assert longitude["survive"]["bfloat16"] <= 3 and longitude["distinct"] > 4000
+    assert longitude["noise"]["bfloat16"] > 0.5 and longitude["noise"]["float16"] < 0.1
+    assert longitude["spread"] == pytest.approx(0.7 / np.sqrt(12), rel=0.05)
+    assert kelvin["erased_in"] == ["bfloat16", "float16"]
+
+
+# -- diagnostics ----------------------------------------------------------------------------------
+def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
+    from tuner.diagnostics_report import conclusions
+
+    entries = geo_diagnostics["continuous_inputs"]
+    assert {(e["layer"], e["class"], e["input"], e["feature"]) for e in entries} == \
+        {("normalization", "Normalization", 0, 0), ("normalization", "Normalization", 0, 1)}
+    assert all(e["erased_in"] == ["bfloat16"] for e in entries)  # float16 keeps enough of them
+    assert geo_diagnostics["candidates"][0] == "normalization"
+    assert "normalization (Normalization) receives feature 0 (values -122.5..-121.8, spread " \
+        "0.21): bfloat16's step there is 0.5, 2 of 192 distinct values survive, so a bfloat16 " \
+        "config must keep normalization in float32" in conclusions(geo_diagnostics)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_no_example_or_zoo_model_has_an_erased_input(task):
+    from tuner.worker.diagnose import diagnose_task
+
+    assert diagnose_task(str(ROOT / task), steps=3)["continuous_inputs"] == []
+
+
+# -- trials ---------------------------------------------------------------------------------------
+def _normalized_longitudes(cfg) -> int:
+    """How many distinct longitudes the Normalization layer's output holds under ``cfg``."""
+    import keras
+
+    from tuner.keras_apply import hook_layer_calls
+    from tuner.worker.task_loader import load_task
+    from tuner.worker.trial import reset_keras_state
+
+    reset_keras_state(0)
+    task = load_task(GEO)
+    x = task.train_data()[0][:256]
+    outputs = []
+    with cfg.scope():
+        model = task.build_model()
+        with hook_layer_calls(after=lambda layer, output: outputs.append(output)
+                              if layer.name == "normalization" else None):
+            model(x, training=False)
+    return np.unique(keras.ops.convert_to_numpy(outputs[0])[:, 0]).size
+
+
+def test_mixed_bfloat16_fails_before_training_naming_the_layer(geo_diagnostics):
+    cfg = PrecisionConfig("mixed_bfloat16")
+    # The premise: Keras casts the float32 longitudes to bfloat16 inside the layer's call.
+    assert _normalized_longitudes(cfg) <= 3
+    result = _trial(cfg, geo_diagnostics)
+    assert result.failure_class is FailureClass.INPUT_ROUNDING, result.failure_message
+    assert result.failure_layer == "normalization" and not result.losses
+    assert result.failure_message == (
+        "input rounding in layer normalization: feature 0 of its inputs (values "
+        "-122.5..-121.8, spread 0.21) is cast to bfloat16, whose step there is 0.5: 2 of 192 "
+        "distinct values survive; fix: keep normalization in float32 (float32.layers: "
+        "[normalization]) or subtract the feature's offset before the model")
+
+
+def test_keeping_the_layer_in_float32_keeps_the_coordinates_and_trains(geo_diagnostics):
+    cfg = PrecisionConfig("mixed_bfloat16", float32=Float32Placement((), ("normalization",)))
+    assert _normalized_longitudes(cfg) > 200
+    result = _trial(cfg, geo_diagnostics)
+    assert result.outcome is TrialOutcome.COMPLETED, result.failure_message
+    assert result.failure_class is None and len(result.losses) == 6
+
+
+def test_a_pure_16_bit_policy_rounds_them_at_the_input(geo_diagnostics):
+    cfg = PrecisionConfig("bfloat16", float32=Float32Placement((), ("normalization",)))
+    result = _trial(cfg, geo_diagnostics)
+    assert result.failure_class is FailureClass.INPUT_ROUNDING, result.failure_message
+    assert "arrives as bfloat16 from the model's Input or the layers before it" \
+        in result.failure_message
+    assert "declare the model's Input with dtype='float32'" in result.failure_message
+
+
+def test_the_repair_keeps_the_layer_in_float32():
+    from tuner.proposer import repair_for
+    from tuner.results import TrialRow
+    from tuner.verdict import Judgement, Verdict
+
+    cfg = PrecisionConfig("mixed_bfloat16")
+    failed = TrialResult.failed(2, FailureClass.INPUT_ROUNDING, "input rounding ...",
+                                "normalization")
+    row = TrialRow(2, cfg, failed, Judgement(Verdict.FAILED, "input rounding ...", None, None))
+    assert repair_for(row).float32.layers == ("normalization",)
+
+
+def test_the_plan_carries_them_into_every_trial_spec(geo_diagnostics, tmp_path):
+    import pickle
+
+    from tuner.plan import RunPlan
+    from tuner.scheduler import make_spec
+    from tuner.space import load_space
+
+    space = load_space("quick")
+    plan = RunPlan(task_path=Path(GEO), run_dir=tmp_path, space=space, space_ref="quick",
+                   trials=4, steps=6, seed=0, tolerance=0.9, exhaustive=False,
+                   tracking_uri=None, resume=False).with_diagnostics(geo_diagnostics)
+    spec = make_spec(plan, 1, PrecisionConfig("mixed_bfloat16"))
+    assert spec.continuous_inputs == geo_diagnostics["continuous_inputs"]
+    assert TrialSpec.from_dict(pickle.loads(pickle.dumps(spec.to_dict()))) == spec

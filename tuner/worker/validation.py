@@ -1,0 +1,70 @@
+"""Evaluate a trained model on the run's fixed validation batches, batch by batch.
+
+Every trial ends with this evaluation (``TrialSpec.validate``), and the confirmation run
+evaluates float32 and the pick at several points of their longer training. The evaluation is
+``model.evaluate`` itself, so a custom ``test_step`` and the data's own structure work as under
+``fit(validation_data=...)``; the model's metrics are reset before each batch, so each batch's
+logs are that batch's values, not a running mean. Per-batch values give the validation noise:
+trials see the same batches, so the verdict compares them batch by batch (tuner.verdict).
+
+Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
+"seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated (the trial is then
+judged on its training losses alone, and the summary says why).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+
+def evaluate(model, batches: list, source: str) -> dict[str, Any]:
+    import keras
+
+    from tuner.errors import first_line
+    from tuner.worker.trial import _batch_dataset
+
+    if not batches:
+        return {"error": "no validation data: the training data is too small to hold back "
+                         "a slice (define val_data() in the task file)", "source": "none"}
+    per_batch: list[dict[str, float]] = []
+
+    class PerBatch(keras.callbacks.Callback):
+        def on_test_batch_begin(self, batch, logs=None):
+            self.model.reset_metrics()
+
+        def on_test_batch_end(self, batch, logs=None):
+            per_batch.append(_scalars(logs or {}))
+
+    started = time.perf_counter()
+    try:
+        model.evaluate(_batch_dataset(batches, len(batches)), steps=len(batches), verbose=0,
+                       callbacks=[PerBatch()])
+    except Exception as exc:  # noqa: BLE001 - validation is a courtesy the trial survives
+        return {"error": f"model.evaluate raised {type(exc).__name__}: {first_line(exc, 200)}",
+                "source": source}
+    seconds = time.perf_counter() - started
+    losses = [values.get("loss", math.nan) for values in per_batch]
+    names = sorted({name for values in per_batch for name in values} - {"loss"})
+    metrics = {name: statistics.fmean(values[name] for values in per_batch if name in values)
+               for name in names}
+    first = keras.utils.unpack_x_y_sample_weight(batches[0])[0]
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(first)
+    size = int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else 1
+    return {"loss": statistics.fmean(losses) if losses else math.nan, "batch_losses": losses,
+            "metrics": metrics, "batches": len(batches), "samples": size * len(batches),
+            "source": source, "seconds": seconds}
+
+
+def _scalars(logs: dict) -> dict[str, float]:
+    values = {}
+    for name, value in logs.items():
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):  # a non-scalar metric (a confusion matrix): not shown
+            continue
+    return values
