@@ -8,7 +8,8 @@ from pathlib import Path
 
 # Failure classes whose reason states the cause itself (and, where one exists, the layer); a
 # task_error is the task's own code raising, or breaking the task-file contract.
-CAUSES = {"task_error", "dtype_mismatch", "integer_rounding", "index_out_of_range", "numeric_check",
+CAUSES = {"task_error", "dtype_mismatch", "integer_rounding", "input_rounding",
+          "index_out_of_range", "numeric_check",
           "out_of_memory", "timeout", "worker_crashed"}
 _BARE_PREAMBLE = re.compile(r"Graph execution error|Exception encountered when calling")
 

@@ -4,7 +4,8 @@ Two lists, materialised once per worker: the training batches every trial trains
 fixed order, and the validation batches every trial is evaluated on (``validation_batches``):
 from the task's ``val_data()``, or, without one, a held-back slice of the training data that
 no trial trains on (the last 20% of NumPy samples, as ``long-train`` holds back; for a dataset,
-the batches after the run's pool, or the last fifth of a shorter epoch).
+the batches after the run's pool, or the last fifth of a shorter epoch). Past 300 lines: both
+lists come from one scan of the same data and share its caches.
 """
 
 from __future__ import annotations
