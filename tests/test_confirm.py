@@ -120,3 +120,16 @@ def test_confirm_flags_are_validated(tmp_path):
     plan = resolve(Flags(task_path=task, run_dir=tmp_path / "r", confirm_steps=300), None)
     assert plan.confirm == ConfirmBudget(steps=300)
     assert plan.settings()["confirm"]["steps"] == 300
+
+
+def test_the_confirmation_plot_draws_both_curves(tmp_path):
+    from types import SimpleNamespace
+
+    from tuner.plots import confirmation
+
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=_late_plateau(()))
+    _, outcome, _ = tune(tmp_path, machine)
+    path = confirmation(SimpleNamespace(confirmations=outcome.confirmations),
+                        tmp_path / "confirmation.png")
+    assert path is not None and path.stat().st_size > 1000
+    assert confirmation(SimpleNamespace(confirmations=[]), tmp_path / "none.png") is None

@@ -131,6 +131,35 @@ def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
+    """Validation loss by steps trained: float32 and each confirmed config (tuner.confirm)."""
+    if not summary.confirmations:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    shown_float32 = False
+    for item in summary.confirmations:
+        steps = [point.step for point in item.checkpoints]
+        if not steps:
+            continue
+        if not shown_float32:
+            axes.plot(steps, [point.float32.get("loss", math.nan) for point in item.checkpoints],
+                      "o-", color="black", linewidth=2, label="float32")
+            shown_float32 = True
+        verdict = "confirmed" if item.passed else "rejected"
+        axes.plot(steps, [point.pick.get("loss", math.nan) for point in item.checkpoints],
+                  "s--" if not item.passed else "s-",
+                  label=f"#{item.trial} {item.config} ({verdict})")
+    if not shown_float32:
+        plt.close(figure)
+        return None
+    axes.set_xlabel("steps trained in all")
+    axes.set_ylabel("validation loss")
+    axes.set_title("confirmation: validation loss over a longer training")
+    axes.legend(fontsize=7, loc="best")
+    return _save(figure, path)
+
+
 def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
     plt = _pyplot()
     layers = diagnostics.get("layers") or []
@@ -169,7 +198,8 @@ def make_all(summary: "TuneSummary", diagnostics: dict[str, Any] | None,
     made = [speed_vs_stability(summary, folder / "speed_vs_stability.png"),
             speed_vs_memory(summary, folder / "speed_vs_memory.png"),
             loss_curves(summary, folder / "loss_curves.png"),
-            loss_scale(summary, folder / "loss_scale.png")]
+            loss_scale(summary, folder / "loss_scale.png"),
+            confirmation(summary, folder / "confirmation.png")]
     if diagnostics:
         made.append(diagnostics_heatmap(diagnostics, folder / "diagnostics.png"))
     return [path for path in made if path is not None]
