@@ -73,3 +73,45 @@ def test_baseline_that_did_not_learn_falls_back_to_no_worse():
     assert judge(result([1.0] * 20), flat_baseline, **RULES).stable
     worse = judge(result([1.0] * 10 + [3.0] * 10), flat_baseline, **RULES)
     assert worse.verdict is Verdict.UNSTABLE
+
+
+# -- where a trial ends, and how it validates ----------------------------------------------
+def _falls_to(end):
+    """From 27 (learning the mean) down to ``end`` in 20 steps, exponentially."""
+    return [end + (27.0 - end) * 0.6**i for i in range(20)]
+
+
+def _validation(loss, scatter=0.01):
+    return {"loss": loss, "batch_losses": [loss + scatter * (i - 3.5) / 3.5 for i in range(8)],
+            "metrics": {}, "batches": 8, "samples": 64, "source": "val_data"}
+
+
+def test_a_plateau_above_float32_cannot_hide_behind_a_large_first_drop():
+    base = result(_falls_to(0.03))
+    plateau = result(_falls_to(0.4))   # 98.6% of float32's decrease, but 13x its end level
+    judgement = judge(plateau, base, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert judgement.reason.startswith("ended at a training loss 0.403 vs float32's 0.033 (12x")
+    assert "although it reached 99% of float32's loss decrease" in judgement.reason
+    assert judge(result(_falls_to(0.035)), base, **RULES).stable   # within the allowance
+
+
+def test_a_trial_that_validates_worse_beyond_noise_is_unstable_in_the_models_terms():
+    base = result(_falls_to(0.03), validation=_validation(0.030, scatter=0.002))
+    worse = result(_falls_to(0.03), validation=_validation(0.34))
+    judgement = judge(worse, base, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert judgement.reason.startswith("validation loss 0.34 vs float32's 0.03 (11x; noise +-")
+    close = result(_falls_to(0.03), validation=_validation(0.033))
+    assert judge(close, base, **RULES).stable
+
+
+def test_validation_within_float32s_batch_noise_is_stable_even_beyond_the_allowance():
+    base = result(_falls_to(0.03), validation=_validation(0.5, scatter=0.5))
+    assert judge(result(_falls_to(0.03), validation=_validation(0.7)), base, **RULES).stable
+
+
+def test_a_model_that_cannot_be_evaluated_is_judged_on_its_training_losses():
+    base = result(_falls_to(0.03), validation={"error": "model.evaluate raised ...",
+                                               "source": "val_data"})
+    assert judge(result(_falls_to(0.03), validation=_validation(9.0)), base, **RULES).stable
