@@ -51,7 +51,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_b
 
 # -- the machine -----------------------------------------------------------------------------
 def machine() -> dict:
-    from tuner.job import machine_description
+    from tuner.run.job import machine_description
 
     info = {"cpu": machine_description(), "cpu_flags": [],
             "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}
@@ -74,7 +74,7 @@ def tune(task: Path, space: str, run_dir: Path, *extra: str) -> dict:
     """Run `precision-tuner tune`; return its wall time, result and the run's own figures."""
     from mlflow import MlflowClient
 
-    from tuner.timing import TimeBreakdown
+    from tuner.records.timing import TimeBreakdown
 
     command = [sys.executable, "-m", "tuner", "tune", str(task), "--space", space,
                "--run-dir", str(run_dir), "--out", str(run_dir.parent / f"{run_dir.name}.json"),
@@ -120,8 +120,8 @@ def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
     control slot times float32 a second time, as if it were another config: the returned
     ``float32_control`` over ``float32`` is the A/A ratio, the noise floor to read regret by.
     """
-    from tuner.config import PrecisionConfig
-    from tuner.executor import LocalProcessExecutor
+    from tuner.apply.config import PrecisionConfig
+    from tuner.execution.local import LocalProcessExecutor
     from tuner.trial_types import TrialSpec
 
     slots = {json.dumps(config, sort_keys=True): config for config in configs.values()}
@@ -150,8 +150,8 @@ def remeasure(task: Path, configs: dict[str, dict], steps: int, warmup: int,
 
 
 def interval(rounds_of: dict[str, list[list[float]]], label: str) -> list[float]:
-    """float32 / ``label`` with its 95% interval over the rounds (tuner.noise's rule)."""
-    from tuner.noise import paired_speedup
+    """float32 / ``label`` with its 95% interval over the rounds (tuner.judging.noise's rule)."""
+    from tuner.judging.noise import paired_speedup
 
     estimate = paired_speedup(rounds_of["float32"], rounds_of[label])
     return [round(estimate.low, 4), round(estimate.ratio, 4), round(estimate.high, 4)]
@@ -159,8 +159,8 @@ def interval(rounds_of: dict[str, list[list[float]]], label: str) -> list[float]
 
 def noise_only(label: str, rounds: int) -> None:
     """Add the A/A ratio to an existing results file, without re-running the searches."""
-    from tuner.config import PrecisionConfig
-    from tuner.space import load_space
+    from tuner.apply.config import PrecisionConfig
+    from tuner.search.space import load_space
 
     path = RESULTS / f"grid_vs_tuner_{label}.json"
     data = json.loads(path.read_text())
@@ -180,14 +180,14 @@ def strip(config: dict) -> dict:
 
 
 def describe(config: dict) -> str:
-    from tuner.config import PrecisionConfig
+    from tuner.apply.config import PrecisionConfig
 
     return PrecisionConfig.from_dict(strip(config)).describe()
 
 
 def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
-    from tuner.config import PrecisionConfig
-    from tuner.space import load_space
+    from tuner.apply.config import PrecisionConfig
+    from tuner.search.space import load_space
 
     task = ROOT / "examples" / f"{name}.py"
     budget = load_space(space).budget

@@ -40,8 +40,8 @@ def study_wall_time(task: str, trials: int, workers: int, steps: int) -> float:
 def overheads_and_interference(task: str, steps: int) -> dict:
     import ray
 
-    from tuner.config import PrecisionConfig
-    from tuner.ray_executor import RayExecutor
+    from tuner.apply.config import PrecisionConfig
+    from tuner.execution.ray_pool import RayExecutor
     from tuner.trial_types import TrialSpec
 
     spec = lambda n: TrialSpec(n, task, PrecisionConfig().to_dict(), steps, 5)  # noqa: E731
@@ -98,7 +98,7 @@ def main() -> None:
               "study_wall_s_1_worker": round(one, 1), "study_wall_s_2_workers": round(two, 1),
               "wall_2_workers_vs_1": round(two / one, 3),
               **overheads_and_interference(task, args.steps)}
-    from tuner.job import machine_description
+    from tuner.run.job import machine_description
 
     report["machine"] = machine_description()
     out = ROOT / "benchmarks" / "results" / "ray_parallel.json"

@@ -1,6 +1,6 @@
 """A scripted executor: trials return chosen results, so the search's decisions can be tested.
 
-It satisfies ``tuner.executor.Executor`` like the local and Ray executors do. A ``Machine``
+It satisfies ``tuner.execution.local.Executor`` like the local and Ray executors do. A ``Machine``
 describes the pretend hardware: each config's true step time, the run-to-run drift and step
 jitter of a shared 2-core box, and (optionally) a penalty on the first run of a fresh worker.
 """
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tuner.config import PrecisionConfig
-from tuner.plan import Remeasurement, RunPlan
-from tuner.proposer import Proposer
-from tuner.scheduler import Scheduler
-from tuner.space import load_space
+from tuner.apply.config import PrecisionConfig
+from tuner.run.plan import Remeasurement, RunPlan
+from tuner.search.proposer import Proposer
+from tuner.run.trial_loop import Scheduler
+from tuner.search.space import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 
 

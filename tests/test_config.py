@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tuner.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
+from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import ConfigError
 
 FULL = PrecisionConfig("mixed_float16", LossScale("dynamic", 256.0, 200, None, 2.0),

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
-from tuner.confirm import CHECKPOINTS, ConfirmBudget
-from tuner.plan import Flags, resolve
+from tuner.run.confirm import CHECKPOINTS, ConfirmBudget
+from tuner.run.plan import Flags, resolve
 from tuner.errors import UsageError
-from tuner.remeasure import remeasure
+from tuner.run.remeasure import remeasure
 
 SPACE = """
 policies: [float32, mixed_bfloat16]
@@ -125,7 +125,7 @@ def test_confirm_flags_are_validated(tmp_path):
 def test_the_confirmation_plot_draws_both_curves(tmp_path):
     from types import SimpleNamespace
 
-    from tuner.plots import confirmation
+    from tuner.records.plots import confirmation
 
     machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=_late_plateau(()))
     _, outcome, _ = tune(tmp_path, machine)

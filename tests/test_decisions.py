@@ -6,8 +6,8 @@ import math
 import pytest
 
 from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
-from tuner.config import PrecisionConfig
-from tuner.remeasure import remeasure
+from tuner.apply.config import PrecisionConfig
+from tuner.run.remeasure import remeasure
 from tuner.trial_types import FailureClass, TrialResult
 
 PLACEBO = """
@@ -90,7 +90,7 @@ def test_a_first_run_penalty_on_a_fresh_worker_cannot_make_a_slower_config_win(t
 
 
 def test_rounds_stop_at_the_target_or_the_cap_and_say_which(tmp_path):
-    from tuner.plan import Remeasurement
+    from tuner.run.plan import Remeasurement
 
     machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 10.0, drift=0.01,
                       jitter=0.01)
@@ -135,7 +135,7 @@ def test_exhaustive_runs_every_grid_config_whatever_repairs_happen(tmp_path):
 
     machine = Machine(step_ms=lambda c: 20.0, fail=mismatch)
     scheduler, _, _, _ = tune(space, machine, tmp_path, trials=0, exhaustive=True)
-    from tuner.proposer import config_key
+    from tuner.search.proposer import config_key
 
     ran = {config_key(r.config) for r in scheduler.rows}
     grid = {config_key(space.config_from_params(p)) for p in space.grid_params()}
@@ -235,7 +235,7 @@ def test_the_balanced_objective_reads_the_pick_off_the_front(tmp_path, slack, po
 def test_a_finalist_that_cannot_clear_the_bar_stops_being_timed(tmp_path):
     """Once a finalist's whole interval lies below float32 + 3% (it cannot be picked) while
     another's still reaches it, it is dropped and the later rounds time only the others."""
-    from tuner.plan import Remeasurement
+    from tuner.run.plan import Remeasurement
 
     true = {(): 20.0 / 1.02, ("softmax",): 20.0 / 0.98}
     dropped_runs = 0

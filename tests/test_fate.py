@@ -1,4 +1,4 @@
-"""The watchdog that ends a killed driver's processes (tuner.fate)."""
+"""The watchdog that ends a killed driver's processes (tuner.execution.watchdog)."""
 
 import os
 import signal
@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 DRIVER = """
 import subprocess, sys, time
-from tuner.fate import share_fate
+from tuner.execution.watchdog import share_fate
 fate = share_fate()
 child = subprocess.Popen(["sleep", "300"])
 time.sleep(2.5)  # the watchdog has seen the child

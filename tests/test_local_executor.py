@@ -5,7 +5,7 @@ code, reading it gives None."""
 import threading
 import time
 
-from tuner.executor import _exit_code
+from tuner.execution.local import _exit_code
 
 
 class _ReapedElsewhere:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import LossScale, PrecisionConfig
-from tuner.decision import Candidate, complexity, decide
+from tuner.apply.config import LossScale, PrecisionConfig
+from tuner.judging.decision import Candidate, complexity, decide
 from tuner.errors import ConfigError, SearchSpaceError, UsageError
-from tuner.noise import PooledNoise, SpeedupEstimate, paired_speedup, speedup_from_log_ratios
+from tuner.judging.noise import PooledNoise, SpeedupEstimate, paired_speedup, speedup_from_log_ratios
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.verdict import Verdict, _window, judge
+from tuner.judging.verdict import Verdict, _window, judge
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 
@@ -72,7 +72,7 @@ def test_gain_inside_the_noise_is_a_tie_that_float32_wins():
 
 
 def test_among_overlapping_gains_the_simplest_wins():
-    from tuner.config import Float32Placement
+    from tuner.apply.config import Float32Placement
 
     faster = cand(3, "mixed_bfloat16", 1.50, 1.40, 1.60,
                   float32=Float32Placement(groups=("softmax",)))
@@ -84,7 +84,7 @@ def test_among_overlapping_gains_the_simplest_wins():
 
 
 def test_simplicity_order():
-    from tuner.config import Epsilon, Float32Placement
+    from tuner.apply.config import Epsilon, Float32Placement
 
     order = [PrecisionConfig(), PrecisionConfig(epsilon=Epsilon(1e-4)),
              PrecisionConfig("mixed_bfloat16"),
@@ -132,12 +132,12 @@ def test_the_averaging_window_is_never_one_step():
 
 # -- early stopping ---------------------------------------------------------------------------
 def early(times, limit, steps=30, warmup=5):
-    from tuner.worker.trial import _too_slow_reason
+    from tuner.worker.steps import too_slow_reason
 
     spec = TrialSpec(1, "t.py", {}, steps, warmup, stop_if_slower_than_ms=limit)
     partial = TrialResult(1, TrialOutcome.COMPLETED, step_times_ms=list(times),
                           warmup_steps=warmup)
-    return _too_slow_reason(partial, spec, len(times) - 1, times[-1])
+    return too_slow_reason(partial, spec, len(times) - 1, times[-1])
 
 
 def test_warmup_steps_and_single_hiccups_never_stop_a_trial():
@@ -159,7 +159,7 @@ def test_initial_scale_must_be_above_the_floor():
 
 
 def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(tmp_path):
-    from tuner.space import load_space
+    from tuner.search.space import load_space
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("loss_scale: {kinds: [dynamic], initial_scales: [1], floor: 1}\n")
@@ -174,7 +174,7 @@ def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(
 
 # -- the run plan -------------------------------------------------------------------------------
 def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
-    from tuner.plan import Flags, resolve
+    from tuner.run.plan import Flags, resolve
 
     flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick")
     plan = resolve(flags, None)
@@ -196,7 +196,7 @@ def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
 
 
 def test_a_plan_without_steps_sizes_its_baseline_and_a_resume_keeps_the_sized_count(tmp_path):
-    from tuner.plan import Flags, resolve
+    from tuner.run.plan import Flags, resolve
 
     flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick",
                   trial_seconds=2.5)
@@ -220,7 +220,7 @@ def test_a_plan_without_steps_sizes_its_baseline_and_a_resume_keeps_the_sized_co
 
 # -- search-phase intervals: dropping finalists that are clearly behind ---------------------------
 def test_the_median_interval_covers_the_median_and_narrows_with_samples():
-    from tuner.noise import median_interval
+    from tuner.judging.noise import median_interval
 
     rng = random.Random(3)
     few = [rng.gauss(10.0, 1.0) for _ in range(8)]
@@ -236,8 +236,8 @@ def test_the_median_interval_covers_the_median_and_narrows_with_samples():
 def test_a_finalist_is_dropped_only_when_clearly_beyond_the_run_drift():
     from types import SimpleNamespace
 
-    from tuner.noise import SEARCH_DRIFT
-    from tuner.remeasure import clearly_behind
+    from tuner.judging.noise import SEARCH_DRIFT
+    from tuner.run.remeasure import clearly_behind
 
     def row(number, ms, policy="mixed_bfloat16"):
         steps = [ms * (1 + 0.01 * ((i % 5) - 2)) for i in range(20)]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tuner.config import Float32Placement, PrecisionConfig
-from tuner.objective import Point, pareto_front, pick
+from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.judging.objective import Point, pareto_front, pick
 
 F32 = PrecisionConfig()
 MIXED = PrecisionConfig("mixed_bfloat16")

@@ -1,8 +1,8 @@
 import pickle
 
-from tuner.task_file import check_task_file
-from tuner.tracking import config_params, redact_uri
-from tuner.config import Float32Placement, LossScale, PrecisionConfig
+from tuner.run.task_file import check_task_file
+from tuner.records.mlflow_records import config_params, redact_uri
+from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 

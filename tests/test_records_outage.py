@@ -1,12 +1,12 @@
 """MLflow failing mid-run: the trials go on, trials.jsonl has every one, the loss is stated."""
 
-from tuner.config import PrecisionConfig
-from tuner.job import _Records
-from tuner.results import TrialRow
-from tuner.run_store import RunStore
-from tuner.timing import TimeBreakdown
+from tuner.apply.config import PrecisionConfig
+from tuner.run.job import _Records
+from tuner.records.results import TrialRow
+from tuner.records.run_store import RunStore
+from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import FailureClass, TrialResult
-from tuner.verdict import judge
+from tuner.judging.verdict import judge
 
 
 class StoreDiesAfter:

@@ -2,7 +2,7 @@
 
 import json
 
-from tuner.run_store import RunStore, SubmissionLog
+from tuner.records.run_store import RunStore, SubmissionLog
 from tuner.trial_types import TrialSpec
 
 

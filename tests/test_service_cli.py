@@ -11,8 +11,11 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, TASKS
-from tuner import job_context, jobs, service
-from tuner.cli import build_parser, main
+from tuner import job_context
+from tuner.service import client as jobs
+from tuner.cli import jobs as job_commands
+from tuner.service import server as service
+from tuner.cli.main import build_parser, main
 
 
 def run_cli(*args, env=None):
@@ -72,7 +75,7 @@ def test_submit_forwards_only_the_tune_flags_given():
     tune = next(a for a in parser._actions if a.dest == "command").choices["tune"]
     defaults = {a.dest: a.default for a in tune._actions}
     options = {a.dest: a.option_strings[0] for a in tune._actions if a.option_strings}
-    assert jobs.forwarded_flags(args, defaults, options) == [
+    assert job_commands.forwarded_flags(args, defaults, options) == [
         "--space", "default", "--trials", "5", "--keep-slow-policies"]
     assert args.worker_cpus == 2 and args.resume_job is None
 
@@ -158,7 +161,7 @@ def test_service_status_and_stop_when_nothing_runs(tmp_path):
 def test_experiments_open_in_the_model_training_layout(tmp_path):
     from mlflow import MlflowClient
 
-    from tuner.tracking import Tracker, default_tracking_uri
+    from tuner.records.mlflow_records import Tracker, default_tracking_uri
 
     uri = default_tracking_uri(tmp_path)
     Tracker(uri, tmp_path, "precision-tuner/new")
@@ -172,8 +175,8 @@ def test_experiments_open_in_the_model_training_layout(tmp_path):
 
 
 def test_trial_names_and_the_summary_table_show_verdict_speedup_and_median():
-    from tuner.config import PrecisionConfig
-    from tuner.tracking import table_html, trial_run_name
+    from tuner.apply.config import PrecisionConfig
+    from tuner.records.mlflow_records import table_html, trial_run_name
 
     config = PrecisionConfig.from_dict({"policy": "mixed_bfloat16"})
     assert trial_run_name(number=3, config=config, verdict="stable", speedup=1.4234,
@@ -189,7 +192,7 @@ def test_trial_names_and_the_summary_table_show_verdict_speedup_and_median():
 def test_waiting_for_a_node_is_said_once_and_ends_at_the_limit(monkeypatch):
     import ray
 
-    from tuner.ray_executor import RayExecutor
+    from tuner.execution.ray_pool import RayExecutor
 
     class Group:
         def ready(self):

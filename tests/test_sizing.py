@@ -1,11 +1,11 @@
-"""How many steps a sized trial runs (tuner.sizing): the rule, on plain lists."""
+"""How many steps a sized trial runs (tuner.judging.sizing): the rule, on plain lists."""
 
 import math
 import random
 
 import pytest
 
-from tuner.sizing import Sizing, enough, loss_resolution, timing_spread
+from tuner.judging.sizing import Sizing, enough, loss_resolution, timing_spread
 
 RULE = Sizing(floor=30, min_steps=8, cap_s=5.0, max_steps=2000, tolerance=0.9)
 

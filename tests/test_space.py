@@ -1,7 +1,7 @@
 import pytest
 
 from tuner.errors import SearchSpaceError
-from tuner.space import builtin_space_names, load_space
+from tuner.search.space import builtin_space_names, load_space
 
 
 class FirstChoice:
@@ -177,8 +177,8 @@ def test_fitted_space_refuses_a_pattern_that_selects_no_layer(tmp_path):
 
 
 def test_effective_placement_keeps_only_what_changes_something():
-    from tuner.config import Float32Placement, PrecisionConfig
-    from tuner.space import effective_placement
+    from tuner.apply.config import Float32Placement, PrecisionConfig
+    from tuner.search.space import effective_placement
 
     placement = Float32Placement(("softmax", "attention"),
                                  ("probs", "encoder", "encoder/dense_1", "missing"))
@@ -190,8 +190,8 @@ def test_effective_placement_keeps_only_what_changes_something():
 
 
 def test_placed_layers_names_what_each_placement_selects():
-    from tuner.config import Float32Placement, PrecisionConfig
-    from tuner.space import placed_layers
+    from tuner.apply.config import Float32Placement, PrecisionConfig
+    from tuner.search.space import placed_layers
 
     placement = Float32Placement(("softmax", "embedding"), ("encoder/*",))
     assert placed_layers(PrecisionConfig("mixed_bfloat16", float32=placement), MATCHES) == {

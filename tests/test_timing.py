@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.timing import TimeBreakdown, describe_ceiling
+from tuner.records.timing import TimeBreakdown, describe_ceiling
 from tuner.trial_types import TrialOutcome, TrialResult
 
 
@@ -56,7 +56,7 @@ def test_the_ceiling_names_a_precision_that_cannot_win():
 
 
 def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(tmp_path):
-    from tuner.plan import Flags, resolve
+    from tuner.run.plan import Flags, resolve
 
     ceiling = {"device": "CPU", "size": 256, "ms": {},
                "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 0.009}}

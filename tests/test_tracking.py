@@ -3,13 +3,13 @@ catches MLflow up with what trials.jsonl has."""
 
 import threading
 
-from tuner.config import PrecisionConfig
-from tuner.job import _Records
-from tuner.results import TrialRow
-from tuner.run_store import RunStore
-from tuner.timing import TimeBreakdown
+from tuner.apply.config import PrecisionConfig
+from tuner.run.job import _Records
+from tuner.records.results import TrialRow
+from tuner.records.run_store import RunStore
+from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import TrialOutcome, TrialResult
-from tuner.verdict import Judgement, Verdict
+from tuner.judging.verdict import Judgement, Verdict
 
 
 class SlowTracker:
@@ -67,7 +67,7 @@ def test_a_failure_to_record_in_mlflow_is_stated_at_the_flush_not_raised(tmp_pat
 
 
 def test_a_resume_keeps_the_open_runs_of_recorded_trials_and_kills_the_others(tmp_path):
-    from tuner.tracking import Tracker
+    from tuner.records.mlflow_records import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, tmp_path, "precision-tuner/t")

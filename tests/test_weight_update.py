@@ -7,7 +7,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from tuner.weight_update import stochastic_round, wrap  # noqa: E402
+from tuner.apply.weight_update import stochastic_round, wrap  # noqa: E402
 
 
 def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour():

@@ -11,9 +11,9 @@ Public API::
         model.fit(...)
 """
 
-from tuner.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
+from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import (ConfigError, SearchSpaceError, TaskError, TunerError, UsageError)
-from tuner.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace, load_space
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class TrialOutcome(str, enum.Enum):
-    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.proposer)."""
+    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.search.proposer)."""
 
     COMPLETED = "completed"   # trained the whole budget (losses may still be non-finite)
     DIVERGED = "diverged"     # stopped early: loss became non-finite
@@ -55,7 +55,7 @@ class TrialSpec:
     continuous_inputs: list[dict[str, Any]] = field(default_factory=list)
     # Keep the trained model alive in the worker for the re-measurement (tuner.worker.live).
     keep_live: bool = False
-    # tuner.sizing.Sizing.to_dict(): train past ``steps`` until the timing and the loss
+    # tuner.judging.sizing.Sizing.to_dict(): train past ``steps`` until the timing and the loss
     # comparison are precise enough (the float32 baseline of a run without --steps).
     sizing: dict[str, Any] | None = None
     # How many of the task's batches the run cycles through (None: ``steps``). Every trial of
@@ -91,7 +91,7 @@ class TrialResult:
     failure_message: str = ""
     failure_layer: str | None = None
     stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
-    sized_by: str = ""        # a sized run: why it stopped where it did (tuner.sizing)
+    sized_by: str = ""        # a sized run: why it stopped where it did (tuner.judging.sizing)
     # What training needs, counted from the model's tensors (tuner.worker.memory).
     training_memory: dict[str, Any] | None = None
     warmup_steps: int = 0

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tuner.config import Float32Placement, PrecisionConfig  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
 from tuner.worker.continuous_inputs import erased_features  # noqa: E402
 from tuner.worker.trial import run_trial  # noqa: E402
@@ -60,7 +60,7 @@ def test_only_features_with_a_large_offset_and_a_small_spread_are_erased():
 
 # -- diagnostics ----------------------------------------------------------------------------------
 def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
-    from tuner.diagnostics_report import conclusions
+    from tuner.records.diagnostics_report import conclusions
 
     entries = geo_diagnostics["continuous_inputs"]
     assert {(e["layer"], e["class"], e["input"], e["feature"]) for e in entries} == \
@@ -84,7 +84,7 @@ def _normalized_longitudes(cfg) -> int:
     """How many distinct longitudes the Normalization layer's output holds under ``cfg``."""
     import keras
 
-    from tuner.keras_apply import hook_layer_calls
+    from tuner.apply.scope import hook_layer_calls
     from tuner.worker.task_loader import load_task
     from tuner.worker.trial import reset_keras_state
 
@@ -132,9 +132,9 @@ def test_a_pure_16_bit_policy_rounds_them_at_the_input(geo_diagnostics):
 
 
 def test_the_repair_keeps_the_layer_in_float32():
-    from tuner.proposer import repair_for
-    from tuner.results import TrialRow
-    from tuner.verdict import Judgement, Verdict
+    from tuner.search.proposer import repair_for
+    from tuner.records.results import TrialRow
+    from tuner.judging.verdict import Judgement, Verdict
 
     cfg = PrecisionConfig("mixed_bfloat16")
     failed = TrialResult.failed(2, FailureClass.INPUT_ROUNDING, "input rounding ...",
@@ -146,9 +146,9 @@ def test_the_repair_keeps_the_layer_in_float32():
 def test_the_plan_carries_them_into_every_trial_spec(geo_diagnostics, tmp_path):
     import pickle
 
-    from tuner.plan import RunPlan
-    from tuner.scheduler import make_spec
-    from tuner.space import load_space
+    from tuner.run.plan import RunPlan
+    from tuner.run.trial_loop import make_spec
+    from tuner.search.space import load_space
 
     space = load_space("quick")
     plan = RunPlan(task_path=Path(GEO), run_dir=tmp_path, space=space, space_ref="quick",

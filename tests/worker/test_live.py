@@ -4,9 +4,9 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tuner.config import Float32Placement, PrecisionConfig  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.worker import live  # noqa: E402
+from tuner.worker import live, live_models  # noqa: E402
 from tuner.worker.trial import run_trial  # noqa: E402
 
 
@@ -15,7 +15,7 @@ def _spec(path, cfg, **extra):
 
 
 def test_a_live_model_is_traced_once_and_trained_on(task_path):
-    live.release()
+    live_models.release()
     path = task_path("tiny_mlp")
     f32 = PrecisionConfig()
     bf16 = PrecisionConfig("mixed_bfloat16", float32=Float32Placement(("softmax",)))
@@ -33,15 +33,15 @@ def test_a_live_model_is_traced_once_and_trained_on(task_path):
     second = TrialResult.from_dict(live.run_live(_spec(path, bf16)))
     assert second.trace_s == 0 and second.outcome is TrialOutcome.COMPLETED
     # The driver lets the worker keep only what the re-measurement may time.
-    assert live.keep_only([_spec(path, bf16)]) == 1
+    assert live_models.keep_only([_spec(path, bf16)]) == 1
     kept = TrialResult.from_dict(live.run_live(_spec(path, bf16)))
     assert kept.trace_s == 0
-    assert live.release() == 1 and live.release() == 0
+    assert live_models.release() == 1 and live_models.release() == 0
 
 
 def test_a_failed_trial_leaves_no_live_model(task_path):
-    live.release()
+    live_models.release()
     broken = TrialResult.from_dict(run_trial(_spec(task_path("broken_build"), PrecisionConfig(),
                                                    keep_live=True)))
     assert broken.outcome is TrialOutcome.FAILED
-    assert live.release() == 0
+    assert live_models.release() == 0

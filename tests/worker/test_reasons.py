@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tuner.config import Float32Placement, PrecisionConfig  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
 from tuner.worker.failures import classify, layer_for_node, read_error  # noqa: E402
 from tuner.worker.trial import run_trial  # noqa: E402
@@ -87,7 +87,7 @@ def test_a_numerics_check_is_classified():
 
 # -- float token ids ------------------------------------------------------------------------------
 def test_diagnostics_name_the_layer_that_takes_integers_as_floats(float_ids_diagnostics):
-    from tuner.diagnostics_report import conclusions
+    from tuner.records.diagnostics_report import conclusions
 
     (entry,) = float_ids_diagnostics["integer_inputs"]
     assert entry == {"layer": "token_embedding", "class": "TokenEmbedding", "max": 4999.0}
@@ -124,9 +124,9 @@ def test_keeping_the_layer_in_float32_keeps_the_ids_exact(float_ids_diagnostics)
 
 
 def test_the_repair_keeps_the_rounding_layer_in_float32():
-    from tuner.proposer import repair_for
-    from tuner.results import TrialRow
-    from tuner.verdict import Judgement, Verdict
+    from tuner.search.proposer import repair_for
+    from tuner.records.results import TrialRow
+    from tuner.judging.verdict import Judgement, Verdict
 
     cfg = PrecisionConfig("mixed_bfloat16")
     failed = TrialResult.failed(3, FailureClass.INTEGER_ROUNDING, "integer rounding ...",

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tuner.config import Float32Placement, LossScale, PrecisionConfig  # noqa: E402
+from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig  # noqa: E402
 from tuner.errors import TaskError  # noqa: E402
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.verdict import Verdict, judge  # noqa: E402
+from tuner.judging.verdict import Verdict, judge  # noqa: E402
 from tuner.worker.probe import probe_task  # noqa: E402
 from tuner.worker.trial import run_trial  # noqa: E402
 

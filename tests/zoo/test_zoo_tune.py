@@ -26,7 +26,7 @@ trial: {steps: 9, warmup_steps: 4}
 
 @pytest.fixture(scope="module")
 def executor():
-    from tuner.executor import LocalProcessExecutor
+    from tuner.execution.local import LocalProcessExecutor
 
     with LocalProcessExecutor() as shared:
         yield shared
@@ -34,9 +34,9 @@ def executor():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
-    from tuner.config import PrecisionConfig
-    from tuner.job import tune
-    from tuner.plan import Flags, Remeasurement, resolve
+    from tuner.apply.config import PrecisionConfig
+    from tuner.run.job import tune
+    from tuner.run.plan import Flags, Remeasurement, resolve
 
     space = tmp_path / "zoo.yaml"
     space.write_text(SPACE)

@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tuner.records.diagnostics_report import step_text, values_text
+
 SIXTEEN_BIT = ("bfloat16", "float16")
 # A feature is erased in a dtype when the cast adds RMS noise above this share of its standard
 # deviation. A rounding step q adds noise q/sqrt(12), so 0.1 is a step of 0.35 standard
@@ -168,26 +170,6 @@ class ContinuousInputs:
             entries.sort(key=lambda entry: -max(entry["noise"].values()))
             kept += entries[:_KEPT_PER_LAYER]
         return kept
-
-
-def _number(value: float, decimals: int) -> str:
-    text = f"{value:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def values_text(entry: dict[str, Any]) -> str:
-    """``values -122.5..-121.8, spread 0.20``: the range to as many decimals as the spread
-    needs for two significant digits (a timestamp's range in %g would read 1.7e+09..1.7e+09)."""
-    decimals = max(0, 1 - int(np.floor(np.log10(entry["spread"]))))
-    return (f"values {_number(entry['min'], decimals)}..{_number(entry['max'], decimals)}, "
-            f"spread {entry['spread']:.{decimals}f}")
-
-
-def step_text(entry: dict[str, Any], dtype: str) -> str:
-    """``step there is 0.5`` (or ``overflows there``, float16 beyond 65504)."""
-    step = entry["step"][dtype]
-    return f"overflows there (beyond {_FLOAT16_MAX:g})" if step is None \
-        else f"step there is {step:g}"
 
 
 def _reason(entry: dict[str, Any], arrives: str, computes: str) -> str:

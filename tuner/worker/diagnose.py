@@ -114,7 +114,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from tuner.keras_apply import call_path, hook_layer_calls
+    from tuner.apply.scope import call_path, hook_layer_calls
     from tuner.worker.continuous_inputs import ContinuousInputs
     from tuner.worker.integer_inputs import integer_inputs_of
 

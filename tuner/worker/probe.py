@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from tuner.config import PrecisionConfig
+from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.worker.trial import batch_size_of, reset_keras_state
 
@@ -21,7 +21,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
 
     The model is built (and, if subclassed, called on the first batch so that its layers
     exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
-    group and each of ``patterns`` selects (``tuner.keras_apply.float32_matches``), with every
+    group and each of ``patterns`` selects (``tuner.apply.scope.float32_matches``), with every
     layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
     contract. With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
     (``tuner.worker.ceiling``), timed apart (``info["ceiling_s"]``); with ``diagnose_steps``,
@@ -33,8 +33,8 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import keras
     import tensorflow as tf
 
-    from tuner.config import FLOAT32_GROUPS
-    from tuner.keras_apply import float32_matches
+    from tuner.apply.config import FLOAT32_GROUPS
+    from tuner.apply.scope import float32_matches
     from tuner.worker.task_loader import fixed_batches, load_task
 
     started = time.perf_counter()

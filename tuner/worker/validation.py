@@ -5,7 +5,7 @@ evaluates float32 and the pick at several points of their longer training. The e
 ``model.evaluate`` itself, so a custom ``test_step`` and the data's own structure work as under
 ``fit(validation_data=...)``; the model's metrics are reset before each batch, so each batch's
 logs are that batch's values, not a running mean. Per-batch values give the validation noise:
-trials see the same batches, so the verdict compares them batch by batch (tuner.verdict).
+trials see the same batches, so the verdict compares them batch by batch (tuner.judging.verdict).
 
 Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
 "seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated (the trial is then
@@ -19,12 +19,21 @@ import statistics
 import time
 from typing import Any
 
+from tuner.errors import first_line
+from tuner.worker.steps import batch_dataset
+
+
+def validate(task, model, pool: int) -> dict[str, Any]:
+    """The model's loss and metrics on the validation batches of a run whose trials cycle
+    ``pool`` training batches (tuner.worker.task_loader.validation_batches)."""
+    from tuner.worker.task_loader import validation_batches  # numpy at import
+
+    batches, source = validation_batches(task, pool)
+    return evaluate(model, batches, source)
+
 
 def evaluate(model, batches: list, source: str) -> dict[str, Any]:
     import keras
-
-    from tuner.errors import first_line
-    from tuner.worker.trial import _batch_dataset
 
     if not batches:
         return {"error": "no validation data: the training data is too small to hold back "
@@ -40,7 +49,7 @@ def evaluate(model, batches: list, source: str) -> dict[str, Any]:
 
     started = time.perf_counter()
     try:
-        model.evaluate(_batch_dataset(batches, len(batches)), steps=len(batches), verbose=0,
+        model.evaluate(batch_dataset(batches, len(batches)), steps=len(batches), verbose=0,
                        callbacks=[PerBatch()])
     except Exception as exc:  # noqa: BLE001 - validation is a courtesy the trial survives
         return {"error": f"model.evaluate raised {type(exc).__name__}: {first_line(exc, 200)}",

@@ -1,0 +1,95 @@
+"""Loss scaling and optimizer epsilon from a ``PrecisionConfig``: the optimizer side of applying
+it (the layer side is :mod:`tuner.apply.scope`). TensorFlow/Keras only here and there.
+
+Keras 3's ``LossScaleOptimizer`` has no floor (its scale can decay towards zero) and no fixed
+mode; its ``loss_scale_factor`` fails on sparse gradients. The two subclasses below fill those
+gaps through the optimizer's own extension point, the handling of non-finite gradients.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import keras
+
+from tuner.apply.weight_update import wrap
+
+if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
+    from tuner.apply.config import PrecisionConfig
+
+
+@keras.saving.register_keras_serializable(package="precision_tuner")
+class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """A dynamic ``LossScaleOptimizer`` whose scale never drops below ``floor``.
+
+    Keras's own scale halves on every non-finite step and can decay towards zero, after which
+    every gradient underflows. Here it stops at ``floor``; the tuner counts a scale that sits at
+    the floor as collapsed.
+    """
+
+    def __init__(self, inner_optimizer, initial_scale=2.0**15, dynamic_growth_steps=2000,
+                 floor=1.0, name=None, **kwargs):
+        super().__init__(inner_optimizer, initial_scale=initial_scale,
+                         dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
+        self.floor = float(floor)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.step_counter.assign(0)
+        halved = keras.ops.multiply(self.dynamic_scale, 0.5)
+        self.dynamic_scale.assign(keras.ops.maximum(halved, self.floor))
+
+    def get_config(self):
+        config = super().get_config()
+        config["floor"] = self.floor
+        return config
+
+
+@keras.saving.register_keras_serializable(package="precision_tuner")
+class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """A ``LossScaleOptimizer`` whose scale stays at ``initial_scale``: it neither halves nor
+    grows, and a step with non-finite gradients is skipped rather than applied.
+
+    Used for ``loss_scale.kind: fixed`` instead of Keras's ``loss_scale_factor``, which divides
+    gradients with ``/`` and so fails on sparse ones (an ``Embedding``'s ``IndexedSlices``:
+    "unsupported operand type(s) for /"), and applies non-finite gradients to the weights.
+    """
+
+    _NEVER = 2**31 - 1  # growth interval: the step counter never gets there
+
+    def __init__(self, inner_optimizer, initial_scale=1024.0, name=None, **kwargs):
+        kwargs.pop("dynamic_growth_steps", None)  # present in get_config(); always _NEVER
+        super().__init__(inner_optimizer, initial_scale=initial_scale,
+                         dynamic_growth_steps=self._NEVER, name=name, **kwargs)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.step_counter.assign(0)  # skip the step; keep the scale
+
+
+def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
+    """Apply ``cfg``'s optimizer epsilon and loss scaling to ``optimizer``."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise TypeError("wrap_optimizer expects a plain optimizer, not a LossScaleOptimizer. "
+                        f"Received: optimizer={optimizer!r}. Pass the inner optimizer instead.")
+    if cfg.epsilon.optimizer is not None:
+        if not hasattr(optimizer, "epsilon"):
+            raise TypeError(f"the config sets an optimizer epsilon but {type(optimizer).__name__} "
+                            "has no `epsilon`. Set epsilon.optimizer to null in the config.")
+        optimizer.epsilon = cfg.epsilon.optimizer
+    wrap(optimizer, cfg.weight_update)  # stochastic or compensated updates of 16-bit weights
+    scale = cfg.loss_scale
+    if cfg.compute_dtype != "float16" or scale.kind == "none":
+        return optimizer
+    if scale.kind == "fixed":
+        return FixedLossScaleOptimizer(optimizer, initial_scale=scale.value)
+    return FlooredLossScaleOptimizer(optimizer, initial_scale=scale.initial_scale,
+                                     dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
+
+
+def current_loss_scale(optimizer) -> float | None:
+    """The loss scale the optimizer applies right now (``None`` when there is none)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if not optimizer.built:
+            return float(optimizer.initial_scale)
+        return float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+    factor = getattr(optimizer, "loss_scale_factor", None)
+    return float(factor) if factor is not None else None

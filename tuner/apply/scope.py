@@ -1,0 +1,483 @@
+"""Applying a ``PrecisionConfig`` to Keras: the only part of the config that touches TensorFlow.
+
+``precision_scope(cfg)`` sets the global dtype policy, floatx and epsilon, and gives every layer
+that ``cfg.float32`` selects a float32 dtype policy. It yields a :class:`Float32Placer`, whose
+``report()`` says which layers each group and each pattern matched; a pattern that matched no
+layer gives a warning once the model is built. ``float32_matches(model, groups, patterns)``
+answers the same question for a model that is already built.
+
+Placement uses Keras's own per-layer mechanism: a selected layer gets
+``layer.dtype_policy = keras.DTypePolicy("float32")``, and the 16-bit layer that follows it casts
+its float inputs back (Keras autocasts a layer's inputs to its compute dtype). ``DTypePolicyMap``
+(policies keyed by layer path) cannot do the selecting: groups select by class and attributes,
+a layer has a path only once it is built, and ``build_model()`` hands us no model to walk before
+its layers build. What the scope must get right is *when* each layer is decided:
+
+- after its constructor has set what we match on (``Dense`` sets ``activation`` after
+  ``Layer.__init__`` returns), and before it creates weights (under pure float16/bfloat16 a
+  float32 layer needs float32 weights);
+- for every layer: those a parent constructs or builds itself (MultiHeadAttention's softmax,
+  a wrapper's inner layer, an LSTM's cell), and layers without weights, which Keras marks built
+  at construction, so that they never build later.
+
+Hence the two patches of Keras internals that stay, both only while the scope is open.
+``Layer.__init__`` is wrapped because it is the one place that sees every layer the user's code
+(or a parent layer) constructs: the layer is recorded and its instance's ``build`` (an instance
+attribute that Keras itself sets in ``Layer.__new__``) is wrapped, so that the layer is decided
+just before it builds and its sublayers just after. That wrapper stays with the layer, so a
+subclassed model first called after the scope is placed too. ``Layer.__call__`` is hooked so
+that layers without weights are decided before their first (symbolic) call, which keeps a
+functional model's symbolic dtypes equal to what runs, and so that a layer called inside a
+placed layer is placed. Whatever was constructed in the scope and is still undecided is decided
+when the scope ends.
+
+A float32 island must fit any caller. Inside a Keras graph (a functional or Sequential model)
+the next layer casts its inputs, but a custom layer's ``call`` (or a subclassed model's) may
+mix a sublayer's output with its own 16-bit tensors in raw ops (``x + self.attention(x, x)``),
+which TensorFlow refuses across dtypes. So a placed layer hands its float outputs back in the
+compute dtype of the layer that owns it, unless that owner is a functional or Sequential model;
+a subclassed model that returns such an output unchanged returns the float32 original (a
+float32 softmax head keeps its float32 output). The owner is the structural parent, recorded
+whenever the scope sees one (a call, a build, the scope's end); the wrapper on the placed
+layer's ``call`` is an instance attribute, so it works after the scope too.
+
+Placing a layer places everything inside it (an LSTM's cell computes what the LSTM computes),
+and a ``Wrapper`` (``TimeDistributed``) whose inner layer is selected is placed with it: a
+wrapper runs its inner layer's ``call`` directly, under its own autocast scope, which would read
+the inner layer's float32 weights as 16-bit and skip the cast of its inputs. A layer given an
+explicit dtype other than the config's policy keeps what the user (or a parent layer) chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fnmatch
+import functools
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import keras
+
+if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
+    from tuner.apply.config import PrecisionConfig
+
+_NORMALIZATION_TYPES = tuple(
+    getattr(keras.layers, name) for name in
+    ("BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization",
+     "RMSNormalization", "SpectralNormalization")
+    if hasattr(keras.layers, name))
+_ATTENTION_TYPES = tuple(
+    getattr(keras.layers, name) for name in
+    ("MultiHeadAttention", "Attention", "AdditiveAttention", "GroupQueryAttention")
+    if hasattr(keras.layers, name))
+_SOFTMAX_NAMES = ("softmax", "log_softmax")
+_FLOAT32 = "float32"
+
+
+def layer_groups(layer: keras.layers.Layer) -> set[str]:
+    """The float32 class groups a layer belongs to (custom layers by their class name).
+
+    A model belongs to none: a model whose class is named after attention is a network, not a
+    block to keep in float32 (a pattern can still select a sub-model, and with it its layers).
+    """
+    if isinstance(layer, keras.Model):
+        return set()
+    class_name = type(layer).__name__
+    groups = set()
+    if isinstance(layer, _NORMALIZATION_TYPES) or class_name.endswith(("Normalization", "Norm")):
+        groups.add("normalization")
+    if isinstance(layer, _ATTENTION_TYPES) or "Attention" in class_name:
+        groups.add("attention")
+    if isinstance(layer, keras.layers.Embedding):
+        groups.add("embedding")
+    if isinstance(layer, keras.layers.Softmax) or _activation_name(layer) in _SOFTMAX_NAMES:
+        groups.add("softmax")
+    return groups
+
+
+def _activation_name(layer: keras.layers.Layer) -> str | None:
+    activation = getattr(layer, "activation", None)
+    return getattr(activation, "__name__", None) if callable(activation) else None
+
+
+def matching_patterns(layer: keras.layers.Layer, path: str | None,
+                      patterns: Sequence[str]) -> list[str]:
+    """The glob patterns that match the layer's name or its path."""
+    names = [layer.name] + ([path] if path and path != layer.name else [])
+    return [pattern for pattern in patterns
+            if any(fnmatch.fnmatchcase(name, pattern) for name in names)]
+
+
+def _sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    # Keras's own traversal (what Model.layers and summary() use): it also lists the layers a
+    # parent created itself (MultiHeadAttention's softmax, Bidirectional's copies).
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def layer_paths(root: keras.layers.Layer) -> list[tuple[keras.layers.Layer, str]]:
+    """Every layer inside ``root`` (input layers aside), depth first, once each, with its path.
+
+    The path is Keras's ``layer.path`` where it has one. Layers without weights never get one
+    (Keras sets it when it builds a layer, and those are built at construction), so they get
+    the prefix that their siblings' paths show, else their parent's path, before their name.
+    """
+    found: list[tuple[keras.layers.Layer, str]] = []
+    seen: set[int] = set()
+
+    def visit(parent: keras.layers.Layer, parent_path: str) -> None:
+        children = _sublayers(parent)
+        prefix = _children_prefix(children, parent_path)
+        for child in children:
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = child.path or (f"{prefix}/{child.name}" if prefix else child.name)
+            if not isinstance(child, keras.layers.InputLayer):
+                found.append((child, path))
+            visit(child, path)
+
+    visit(root, root.path or root.name)
+    return found
+
+
+def _children_prefix(children: list[keras.layers.Layer], parent_path: str) -> str:
+    # A functional model's layers are built outside its name scope ("dense", not
+    # "model/dense"); a subclassed model's inside it: the siblings with a path tell which.
+    for child in children:
+        if child.path:
+            head, _, tail = child.path.rpartition("/")
+            if tail == child.name:
+                return head
+    return parent_path
+
+
+def float32_matches(model: keras.layers.Layer, groups: Sequence[str],
+                    patterns: Sequence[str] = ()) -> dict[str, Any]:
+    """Which layers of a built model each float32 group and each layer pattern selects.
+
+    Plain data, paths in model order: ``{"groups": {group: [path, ...]}, "layers":
+    {pattern: [path, ...]}, "all_layers": [path, ...]}``.
+    """
+    found: dict[str, Any] = {"groups": {group: [] for group in groups},
+                             "layers": {pattern: [] for pattern in patterns},
+                             "all_layers": []}
+    for layer, path in layer_paths(model):
+        found["all_layers"].append(path)
+        for group in layer_groups(layer) & set(groups):
+            found["groups"][group].append(path)
+        for pattern in matching_patterns(layer, path, patterns):
+            found["layers"][pattern].append(path)
+    return found
+
+
+def call_path(layer: keras.layers.Layer) -> str:
+    """The layer's path as ``float32_matches`` names it, from inside or around its call:
+    Keras's ``layer.path`` where it has one, else the current name scope plus its name."""
+    return _prospective_path(layer) or layer.name
+
+
+def _prospective_path(layer: keras.layers.Layer) -> str | None:
+    """The path Keras gives ``layer`` when it builds or calls it here: its build wrapper opens
+    the layer's name scope under the current one (or under the parent path it already has)."""
+    if layer.path:
+        return layer.path
+    try:
+        from keras.src.backend.common.name_scope import current_path
+    except ImportError:  # a private module: without it names still match, paths do not
+        return None
+    parent = getattr(layer, "_parent_path", None)
+    parent = current_path() if parent is None else parent
+    return f"{parent}/{layer.name}" if parent else layer.name
+
+
+class Float32Placer:
+    """Decides which layers compute in float32 under one config, and remembers why.
+
+    Decisions only ever move a layer to float32, so deciding a layer again when more is known
+    (its path, once its parent is built) is safe.
+    """
+
+    def __init__(self, cfg: PrecisionConfig) -> None:
+        self.policy = cfg.policy
+        self.groups = tuple(cfg.float32.groups)
+        self.patterns = tuple(cfg.float32.layers)
+        self._constructed: list[weakref.ref] = []
+        self._explicit: weakref.WeakSet = weakref.WeakSet()
+        self._decided: weakref.WeakSet = weakref.WeakSet()
+        self._placed: weakref.WeakSet = weakref.WeakSet()
+        self._unbuilt: weakref.WeakSet = weakref.WeakSet()   # when the scope ended
+        self._matches: dict[tuple[str, str], dict[int, tuple[weakref.ref, str]]] = {}
+        self._active: list[keras.layers.Layer] = []  # layers being called or built right now
+        self._parents: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._handing_back: weakref.WeakSet = weakref.WeakSet()
+        self._returning_originals: weakref.WeakSet = weakref.WeakSet()
+        self._originals: dict[int, dict[int, tuple[Any, Any]]] = {}  # per subclassed model
+        self._scope_open = True
+        self._checked = False
+
+    @property
+    def placing(self) -> bool:
+        return bool(self.groups or self.patterns)
+
+    # -- plain-data answers ----------------------------------------------------------------
+    def report(self) -> dict[str, dict[str, list[str]]]:
+        """``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}}``: the layers
+        each group and pattern selected so far (a subclassed model's once it is built)."""
+        found: dict[str, dict[str, list[str]]] = {
+            "groups": {group: [] for group in self.groups},
+            "layers": {pattern: [] for pattern in self.patterns}}
+        for (kind, key), layers in self._matches.items():
+            for ref, path in layers.values():
+                layer = ref()
+                if layer is not None:
+                    found[kind][key].append(layer.path or path)
+        return found
+
+    def unmatched_patterns(self) -> list[str]:
+        return [pattern for pattern, paths in self.report()["layers"].items() if not paths]
+
+    # -- what the scope's hooks call -------------------------------------------------------
+    def constructed(self, layer: keras.layers.Layer, dtype_given: bool) -> None:
+        if dtype_given and getattr(layer.dtype_policy, "name", None) != self.policy:
+            self._explicit.add(layer)  # the user (or a parent layer) chose this dtype
+        self._constructed.append(weakref.ref(layer))
+        self._wrap_build(layer)
+
+    def _wrap_build(self, layer: keras.layers.Layer) -> None:
+        keras_build = layer.build
+        placer = self
+
+        @functools.wraps(keras_build)  # keeps Keras's signature and its `_is_default` mark
+        def build(*args, **kwargs):
+            placer.decide(layer, _prospective_path(layer))
+            placer._active.append(layer)
+            try:
+                keras_build(*args, **kwargs)
+            finally:
+                placer._active.pop()
+            placer._after_build(layer)
+
+        object.__setattr__(layer, "build", build)  # bypass Keras's attribute tracking
+
+    @contextlib.contextmanager
+    def calling(self, layer: keras.layers.Layer) -> Iterator[None]:
+        if layer not in self._decided:
+            self.decide(layer, _prospective_path(layer))
+        self._record_children(layer)
+        self._active.append(layer)
+        try:
+            yield
+        finally:
+            self._active.pop()
+
+    def close(self) -> None:
+        """The scope ends: decide what it constructed; check patterns once all is built."""
+        self._scope_open = False
+        for ref in self._constructed:
+            layer = ref()
+            if layer is None:
+                continue
+            if layer not in self._decided:
+                self.decide(layer, layer.path)
+            self._record_children(layer)
+            if not layer.built:
+                self._unbuilt.add(layer)
+        self._check_patterns_when_built()
+
+    # -- deciding --------------------------------------------------------------------------
+    def decide(self, layer: keras.layers.Layer, path: str | None) -> None:
+        if isinstance(layer, keras.layers.InputLayer) or layer in self._explicit:
+            return
+        self._decided.add(layer)
+        selectors = self._selectors(layer, path)
+        for key in selectors:
+            known = self._matches.setdefault(key, {}).get(id(layer))
+            known_path = known[1] if known and known[0]() is layer else None
+            self._matches[key][id(layer)] = (weakref.ref(layer),
+                                             path or known_path or layer.name)
+        if selectors or self._inside_placed() or self._wraps_selected(layer):
+            self._place_subtree(layer)
+            self._hand_back(layer)
+
+    def _selectors(self, layer: keras.layers.Layer, path: str | None) -> list[tuple[str, str]]:
+        groups = layer_groups(layer)
+        return ([("groups", group) for group in self.groups if group in groups]
+                + [("layers", pattern) for pattern in
+                   matching_patterns(layer, path, self.patterns)])
+
+    def _inside_placed(self) -> bool:
+        return any(parent in self._placed for parent in self._active)
+
+    def _wraps_selected(self, layer: keras.layers.Layer) -> bool:
+        inner = getattr(layer, "layer", None)
+        return (isinstance(layer, keras.layers.Wrapper) and inner is not None
+                and (inner in self._placed or bool(self._selectors(inner, inner.path))))
+
+    def _place_subtree(self, layer: keras.layers.Layer) -> None:
+        for member in [layer] + [sub for sub, _ in layer_paths(layer)]:
+            if member in self._explicit:
+                continue
+            if member.dtype_policy.name != _FLOAT32:
+                member.dtype_policy = keras.DTypePolicy(_FLOAT32)
+            self._placed.add(member)
+
+    def _after_build(self, layer: keras.layers.Layer) -> None:
+        if layer in self._placed:  # sublayers it created while building follow it
+            self._place_subtree(layer)
+        self._record_children(layer)
+        for sublayer, path in layer_paths(layer):  # paths are known now
+            self.decide(sublayer, path)
+            self._record_children(sublayer)
+        self._unbuilt.discard(layer)
+        self._check_patterns_when_built()
+
+    # -- handing float32 results back to the owner's dtype ------------------------------------
+    def _record_children(self, parent: keras.layers.Layer) -> None:
+        for child in _sublayers(parent):
+            if child not in self._parents:
+                self._parents[child] = parent
+                if child in self._placed:
+                    self._hand_back(child)
+
+    def _owner_may_return_it(self, layer: keras.layers.Layer) -> None:
+        owner = self._parents.get(layer)
+        if isinstance(owner, keras.Model) and not _runs_a_graph(owner):
+            self._return_originals(owner)
+
+    def _hand_back(self, layer: keras.layers.Layer) -> None:
+        """Wrap the placed layer's ``call`` so that its float outputs come back in the compute
+        dtype of the layer that owns it (see the module docstring)."""
+        self._owner_may_return_it(layer)
+        if layer in self._handing_back:
+            return
+        self._handing_back.add(layer)
+        keras_call = layer.call
+        placer = self
+
+        @functools.wraps(keras_call)  # Keras reads call's signature (training, mask)
+        def call(*args, **kwargs):
+            output = keras_call(*args, **kwargs)
+            owner = placer._parents.get(layer)
+            if owner is None or _runs_a_graph(owner) or owner in placer._placed:
+                return output
+            return keras.tree.map_structure(
+                lambda value: placer._cast_for(owner, value), output)
+
+        object.__setattr__(layer, "call", call)
+
+    def _cast_for(self, owner: keras.layers.Layer, value: Any) -> Any:
+        target = owner.compute_dtype
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or not keras.backend.is_float_dtype(target) \
+                or not keras.backend.is_float_dtype(dtype) \
+                or keras.backend.standardize_dtype(dtype) == target:
+            return value
+        cast = keras.ops.cast(value, target)
+        if owner in self._returning_originals:  # it may return it: give it the original
+            self._originals.setdefault(id(owner), {})[id(cast)] = (cast, value)
+        return cast
+
+    def _return_originals(self, model: keras.Model) -> None:
+        if model in self._returning_originals:
+            return
+        self._returning_originals.add(model)
+        keras_call = model.call
+        placer = self
+
+        @functools.wraps(keras_call)
+        def call(*args, **kwargs):
+            try:
+                output = keras_call(*args, **kwargs)
+                handed = placer._originals.get(id(model), {})
+
+                def original(value):
+                    entry = handed.get(id(value))
+                    return entry[1] if entry is not None and entry[0] is value else value
+
+                return keras.tree.map_structure(original, output) if handed else output
+            finally:
+                placer._originals.pop(id(model), None)
+
+        object.__setattr__(model, "call", call)
+
+    def _check_patterns_when_built(self) -> None:
+        # A subclassed model's layers get their paths when it is built, often after the scope.
+        if self._checked or self._scope_open or len(self._unbuilt):
+            return
+        self._checked = True
+        layers = [layer for layer in (ref() for ref in self._constructed) if layer is not None]
+        known = sorted({layer.name for layer in layers} | {layer.path for layer in layers
+                                                           if layer.path})
+        for pattern in self.unmatched_patterns():
+            close = difflib.get_close_matches(pattern, known, n=3, cutoff=0.4)
+            hint = f" Closest layer names: {', '.join(close)}." if close else ""
+            warnings.warn(f"float32 layer pattern {pattern!r} matches no layer of the model, so "
+                          f"it places nothing.{hint} Fix the pattern (a glob on layer names and "
+                          "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
+
+
+def _runs_a_graph(layer: keras.layers.Layer) -> bool:
+    """A functional or Sequential model: its layers cast their own inputs."""
+    from keras.src.models.functional import Functional
+
+    return isinstance(layer, (Functional, keras.Sequential))
+
+
+@contextlib.contextmanager
+def hook_layer_calls(before=None, after=None, around=None) -> Iterator[None]:
+    """Run ``before(layer, args, kwargs)`` ahead of (with the call's arguments, before Keras
+    casts them), and ``after(layer, output)`` behind, every Keras layer call inside the block
+    (the model's own call included), and the call itself inside the context manager
+    ``around(layer)``; restored on exit."""
+    original_call = keras.layers.Layer.__call__
+
+    def call(layer, *args, **kwargs):
+        if before is not None:
+            before(layer, args, kwargs)
+        with around(layer) if around is not None else contextlib.nullcontext():
+            output = original_call(layer, *args, **kwargs)
+        if after is not None:
+            after(layer, output)
+        return output
+
+    keras.layers.Layer.__call__ = call
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = original_call
+
+
+@contextlib.contextmanager
+def precision_scope(cfg: PrecisionConfig) -> Iterator[Float32Placer]:
+    previous_policy = keras.config.dtype_policy()
+    previous_floatx = keras.config.floatx()
+    previous_epsilon = keras.config.epsilon()
+    placer = Float32Placer(cfg)
+    original_init = keras.layers.Layer.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        placer.constructed(self, dtype_given=kwargs.get("dtype") is not None)
+
+    try:
+        # Pure 16-bit policies also need floatx, so that backend ops default to 16 bits.
+        floatx = cfg.compute_dtype if cfg.policy in ("float16", "bfloat16") else "float32"
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(cfg.policy)
+        if cfg.epsilon.backend is not None:
+            keras.config.set_epsilon(cfg.epsilon.backend)
+        if not placer.placing:
+            yield placer
+            return
+        keras.layers.Layer.__init__ = init
+        with hook_layer_calls(around=placer.calling):
+            yield placer
+        keras.layers.Layer.__init__ = original_init
+        placer.close()
+    finally:
+        keras.layers.Layer.__init__ = original_init
+        keras.config.set_dtype_policy(previous_policy)
+        keras.config.set_floatx(previous_floatx)
+        keras.config.set_epsilon(previous_epsilon)

@@ -1,0 +1,110 @@
+"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is in tuner.cli.main)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuner.errors import UsageError
+
+
+def export(args) -> int:
+    from tuner.apply.config import PrecisionConfig
+
+    source = args.run_dir / "best_precision.json"
+    if not args.run_dir.is_dir():
+        raise UsageError(f"run directory not found: {str(args.run_dir)!r}. Pass the --run-dir of "
+                         "a finished `precision-tuner tune`.")
+    if not source.is_file():
+        raise UsageError(f"{str(args.run_dir)!r} holds no best_precision.json: the tuning job did "
+                         "not finish. Re-run `precision-tuner tune`.")
+    config = PrecisionConfig.load(source)
+    text = config.to_yaml() if args.format == "yaml" else config.to_json()
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    if args.out.exists() and not args.force:
+        raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it.")
+    target = args.out
+    if args.format == "yaml" and target.suffix.lower() not in (".yaml", ".yml"):
+        target.write_text(text)  # honour --format over the file name
+    else:
+        config.save(target, overwrite=True)
+    print(f"wrote {target}")
+    return 0
+
+
+def ui(args) -> int:
+    import os
+    import subprocess
+
+    from tuner.records.mlflow_records import default_tracking_uri
+
+    if args.run_dir is None:  # a service's UI (--service or PRECISION_TUNER_SERVICE)
+        from tuner.cli.jobs import ui_links
+
+        return ui_links(args)
+    store = args.run_dir / "mlflow.db"
+    if not store.is_file():
+        raise UsageError(f"no MLflow store in {str(args.run_dir)!r} (expected mlflow.db). Pass "
+                         "the --run-dir of a `precision-tuner tune` run.")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"precision-tuner: warning: binding the UI to {args.host} exposes every run to "
+              "the network; there is no authentication.", file=sys.stderr)
+    uri = default_tracking_uri(args.run_dir)
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI on {base} (Ctrl-C to stop)")
+    for label, path in _ui_links(args.run_dir, uri).items():
+        print(f"  {label}: {base}/{path}")
+    # The UI's background job workers serve MLflow's GenAI features, which a tuning run never
+    # uses: seven idle processes less.
+    env = {**os.environ}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]
+    return subprocess.call(command, env=env)
+
+
+def _ui_links(run_dir: Path, uri: str) -> dict[str, str]:
+    from tuner.records.run_store import RunStore
+    from tuner.records.mlflow_records import ui_paths
+
+    try:
+        run = RunStore(run_dir).read_run()
+    except Exception:  # an unreadable run.json must not keep the UI from starting
+        return {}
+    return ui_paths(uri, run.get("experiment", ""), run.get("parent_run_id"))
+
+
+def diagnose(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from tuner.records.diagnostics_report import print_table
+    from tuner.execution.local import LocalProcessExecutor
+    from tuner.run.task_file import check_task_file
+
+    task_path = check_task_file(args.task)
+    if args.json is not None and args.json.exists():
+        raise UsageError(f"--json {str(args.json)!r} already exists. Remove it or choose another "
+                         "file.")
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    with LocalProcessExecutor() as executor:
+        executor.probe(str(task_path), args.steps)
+        diagnostics = executor.diagnose(str(task_path), args.steps)
+    print_table(diagnostics, console, limit=None if args.all else 25)
+    if args.json is not None:
+        args.json.write_text(json.dumps(diagnostics, indent=1) + "\n")
+        console.print(f"written to {args.json}")
+    return 0
+
+
+def spaces(args) -> int:
+    from tuner.search.space import builtin_space_names, load_space
+
+    for name in builtin_space_names():
+        space = load_space(name)
+        print(f"{name:10} {space.size():5} configs, {space.trials:3} trials  "
+              f"{' '.join(space.description.split())}")
+    return 0

@@ -1,0 +1,68 @@
+"""``precision-tuner service start|stop|status``: what the user sees (tuner.service.server does it)."""
+
+from __future__ import annotations
+
+import time
+
+from tuner.service import server as service
+
+
+def run(args) -> int:
+    return {"start": _start, "stop": _stop, "status": _status}[args.service_action](args)
+
+
+def _start(args) -> int:
+    began = time.perf_counter()
+    info, started = service.start(args.dir, host=args.host, ray_port=args.ray_port,
+                                  dashboard_port=args.dashboard_port,
+                                  mlflow_port=args.mlflow_port, num_cpus=args.num_cpus,
+                                  auth=True if args.auth else None)
+    token = service.token_path(args.dir.resolve()) if info.auth else None
+    if not started:
+        print(f"precision-tuner service: already running in {info.dir} (started "
+              f"{info.started_at}); nothing changed")
+    else:
+        print(f"precision-tuner service: started in {time.perf_counter() - began:.1f} s")
+    for line in service.describe(info, token):
+        print(line)
+    return 0
+
+
+def _stop(args) -> int:
+    info = service.read_info(args.dir.resolve())
+    if info is None or not (service._alive(info.ray_pid) or service._alive(info.mlflow_pid)):
+        print(f"precision-tuner service: not running in {args.dir}")
+        if info is not None:
+            service.stop(args.dir)  # leftovers of a half-dead service
+        return 0
+    service.stop(args.dir)
+    print(f"precision-tuner service: stopped (Ray head and MLflow server in {info.dir}); jobs "
+          "still running were stopped first (resume them with `submit TASK --resume JOB` "
+          "once the service runs again)")
+    return 0
+
+
+def _status(args) -> int:
+    info = service.read_info(args.dir.resolve())
+    if not service.running(info):
+        print(f"precision-tuner service: not running in {args.dir}")
+        return 3
+    print(f"precision-tuner service: running in {info.dir} since {info.started_at}")
+    for line in service.describe(info, service.token_path(args.dir.resolve())
+                                 if info.auth else None)[:4]:
+        print(line)
+    try:
+        from tuner.service.client import JOB_KIND, client_for
+
+        token = service.token_path(args.dir.resolve()).read_text().strip() if info.auth \
+            else None
+        jobs = [j for j in client_for(info.job_server, token).list_jobs()
+                if (j.metadata or {}).get("precision_tuner") == JOB_KIND]
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[job.status.value] = counts.get(job.status.value, 0) + 1
+        print("  jobs: " + (", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+                            or "none yet"))
+    except Exception as exc:  # noqa: BLE001 - status still says what it knows
+        print(f"  jobs: cannot list them ({type(exc).__name__})")
+    return 0

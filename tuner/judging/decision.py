@@ -1,0 +1,85 @@
+"""Where the winner is decided: the simplest config whose gain over float32 is real.
+
+A config other than plain float32 wins only when the *lower* end of its speedup interval clears
+``1 + min_gain``: a gain inside the machine's noise is a tie, and a tie goes to the simpler
+config. Among configs that clear the bar and whose intervals overlap the leader's, the simplest
+wins — float32 before 16-bit, default epsilons before changed ones, fewer float32 placements
+before more, no loss scale before a loss scale. Pure Python: the inputs are plain configs and
+``SpeedupEstimate``s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tuner.apply.config import PrecisionConfig
+from tuner.judging.noise import SpeedupEstimate
+from tuner.apply.weight_update import WEIGHT_UPDATES
+
+DEFAULT_MIN_GAIN = 0.03
+
+# Simpler first. bfloat16 needs no loss scale, so it is the simpler 16-bit choice.
+_POLICY_ORDER = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
+_LOSS_SCALE_ORDER = ("none", "dynamic", "fixed")
+
+
+def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
+    """A sort key: smaller is simpler (what a user would rather apply, all else equal)."""
+    changed_epsilons = sum(value is not None for value in
+                           (config.epsilon.backend, config.epsilon.optimizer))
+    placements = len(config.float32.groups) + len(config.float32.layers)
+    return (_POLICY_ORDER.index(config.policy), changed_epsilons, placements,
+            _LOSS_SCALE_ORDER.index(config.loss_scale.kind),
+            WEIGHT_UPDATES.index(config.weight_update))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    number: int                      # trial number
+    config: PrecisionConfig
+    estimate: SpeedupEstimate        # vs float32, re-measured
+
+
+@dataclass(frozen=True)
+class Decision:
+    winner: int                      # trial number (the baseline's when float32 wins)
+    estimate: SpeedupEstimate        # the winner's speedup vs float32 with its interval
+    tie: bool                        # a faster-looking config lost to a simpler one (noise)
+    explanation: str                 # one line for the summary
+
+
+def decide(baseline: int, candidates: Sequence[Candidate], *,
+           min_gain: float = DEFAULT_MIN_GAIN, baseline_rounds: int = 0) -> Decision:
+    """Pick the winner among re-measured candidates (the float32 baseline not among them)."""
+    bar = 1.0 + min_gain
+    clear = [c for c in candidates if c.estimate.clears(bar)]
+    if not clear:
+        return _float32_wins(baseline, candidates, bar, baseline_rounds)
+    leader = max(clear, key=lambda c: c.estimate.ratio)
+    contenders = [c for c in clear if c.estimate.overlaps(leader.estimate)]
+    winner = min(contenders, key=lambda c: (complexity(c.config), -c.estimate.ratio))
+    if winner is leader:
+        return Decision(winner.number, winner.estimate, False,
+                        f"{winner.estimate.describe()} vs float32: clears the "
+                        f"{min_gain:.0%} minimum gain beyond noise")
+    return Decision(winner.number, winner.estimate, True,
+                    f"tie within noise: #{leader.number} ({leader.estimate.describe()}) is not "
+                    f"clearly faster than the simpler #{winner.number} "
+                    f"({winner.estimate.describe()})")
+
+
+def _float32_wins(baseline: int, candidates: Sequence[Candidate], bar: float,
+                  rounds: int) -> Decision:
+    identity = SpeedupEstimate.identity(rounds)
+    if not candidates:
+        return Decision(baseline, identity, False, "no other stable config to compare")
+    best = max(candidates, key=lambda c: c.estimate.ratio)
+    if best.estimate.high < 1.0:
+        return Decision(baseline, identity, False,
+                        f"every finalist is slower than float32 (best: #{best.number} at "
+                        f"{best.estimate.describe()} vs float32)")
+    return Decision(baseline, identity, True,
+                    f"tie within noise: no config beats float32 beyond noise (best: "
+                    f"#{best.number} at {best.estimate.describe()} vs float32; a pick needs the "
+                    f"interval's lower end above {bar:.2f}x)")

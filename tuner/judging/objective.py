@@ -1,0 +1,77 @@
+"""What "best" means: speed (the default), memory, or a balance of the two.
+
+- ``speed``: the fastest config whose gain over float32 is real (``tuner.judging.decision``).
+- ``memory``: the stable config that needs the least training memory (``training_memory``:
+  weights, gradients, optimizer state and activations, counted from the model's tensors).
+  Configs that need the same memory go to the simpler one, then to the faster one.
+- ``balanced``: the Pareto front of stable configs over (step time, training memory) — no
+  config on it is both faster and smaller than another — and from it the fastest config whose
+  memory is within ``memory_slack`` (default 10%) of the front's smallest. Step times here are
+  the search's single runs, which drift about 15% from run to run: configs within that of the
+  fastest eligible one are a tie, and a tie goes to the simpler config.
+
+The pick is then re-measured against float32, so its speed is reported with an interval like
+any other. Pure Python: plain configs and numbers in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tuner.apply.config import PrecisionConfig
+from tuner.judging.decision import complexity
+from tuner.judging.noise import SEARCH_DRIFT
+
+OBJECTIVES = ("speed", "memory", "balanced")
+DEFAULT_MEMORY_SLACK = 0.10
+
+
+@dataclass(frozen=True)
+class Point:
+    number: int
+    config: PrecisionConfig
+    step_ms: float
+    memory_bytes: int
+
+    def describe(self) -> str:
+        return (f"#{self.number} {self.config.describe()}: {self.step_ms:.2f} ms/step, "
+                f"{self.memory_bytes / 1e6:.3g} MB")
+
+
+def pareto_front(points: Sequence[Point]) -> list[Point]:
+    """The points no other point beats on both step time and memory, smallest memory first."""
+    front = [p for p in points
+             if not any(q.step_ms <= p.step_ms and q.memory_bytes <= p.memory_bytes
+                        and (q.step_ms < p.step_ms or q.memory_bytes < p.memory_bytes)
+                        for q in points)]
+    return sorted(front, key=lambda p: (p.memory_bytes, p.step_ms))
+
+
+def pick(points: Sequence[Point], objective: str,
+         memory_slack: float = DEFAULT_MEMORY_SLACK) -> tuple[Point, str]:
+    """The chosen point for ``memory`` or ``balanced``, and one line saying why."""
+    if not points:
+        raise ValueError("no stable config with a step time and a memory figure")
+    if objective == "memory":
+        smallest = min(p.memory_bytes for p in points)
+        same = [p for p in points if p.memory_bytes == smallest]
+        chosen = min(same, key=lambda p: (complexity(p.config), p.step_ms))
+        return chosen, (f"objective memory: the smallest training memory, "
+                        f"{smallest / 1e6:.3g} MB"
+                        + (f" (shared by {len(same)} configs: the simplest)"
+                           if len(same) > 1 else ""))
+    if objective != "balanced":
+        raise ValueError(f"objective must be memory or balanced here. Received: {objective!r}")
+    front = pareto_front(points)
+    limit = front[0].memory_bytes * (1.0 + memory_slack)
+    eligible = [p for p in front if p.memory_bytes <= limit]
+    fastest = min(eligible, key=lambda p: p.step_ms)
+    tied = [p for p in eligible if p.step_ms <= fastest.step_ms * SEARCH_DRIFT]
+    chosen = min(tied, key=lambda p: (complexity(p.config), p.step_ms))
+    why = (f"objective balanced: the fastest on the front within {memory_slack:.0%} of its "
+           f"smallest memory ({front[0].memory_bytes / 1e6:.3g} MB)")
+    if chosen is not fastest:
+        why += (f"; #{fastest.number} was faster by less than a run's "
+                f"{SEARCH_DRIFT - 1:.0%} drift, so the simpler #{chosen.number} wins")
+    return chosen, why

@@ -1,0 +1,124 @@
+"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people."""
+
+from __future__ import annotations
+
+import math
+
+from typing import Any
+
+HEADERS = ["layer", "class", "act max", "act >f16 max", "act <f16 normal", "grad max",
+           "grad <f16 min", "w-grad <f16 min", "bf16 err", "risk"]
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{100 * value:.3g}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str]]:
+    layers = sorted(diagnostics["layers"], key=lambda layer: (-layer["risk"], layer["layer"]))
+    table = []
+    for layer in layers[:limit]:
+        act, grad, wgrad = layer["activation"], layer["gradient"], layer["weight_gradient"]
+        table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
+                      _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),
+                      _num(grad["abs_max"]), _pct(grad["underflow_fraction"]),
+                      _pct(wgrad["underflow_fraction"]) if wgrad else "-",
+                      _pct(act["bf16_rel_error"]), f"{layer['risk']:.2f}"])
+    return table
+
+
+def describe_integers(entry: dict[str, Any]) -> str:
+    """``token_embedding (TokenEmbedding) receives integer-valued floats up to 4999``"""
+    return (f"{entry['layer']} ({entry['class']}) receives integer-valued floats up to "
+            f"{entry['max']:.0f}")
+
+
+FLOAT16_MAX = 65504.0
+
+
+def _number(value: float, decimals: int) -> str:
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def values_text(entry: dict[str, Any]) -> str:
+    """``values -122.5..-121.8, spread 0.20``: the range to as many decimals as the spread
+    needs for two significant digits (a timestamp's range in %g would read 1.7e+09..1.7e+09)."""
+    decimals = max(0, 1 - math.floor(math.log10(entry["spread"])))
+    return (f"values {_number(entry['min'], decimals)}..{_number(entry['max'], decimals)}, "
+            f"spread {entry['spread']:.{decimals}f}")
+
+
+def step_text(entry: dict[str, Any], dtype: str) -> str:
+    """``step there is 0.5`` (or ``overflows there``, float16 beyond 65504)."""
+    step = entry["step"][dtype]
+    return f"overflows there (beyond {FLOAT16_MAX:g})" if step is None \
+        else f"step there is {step:g}"
+
+
+def describe_continuous(entry: dict[str, Any]) -> str:
+    """``normalization (Normalization) receives feature 0 (values -122.5..-121.8, spread 0.20):
+    bfloat16's step there is 0.5, 2 of 192 distinct values survive, so a bfloat16 config must
+    keep normalization in float32``"""
+    which = "" if entry["input"] == 0 else f" of its float input {entry['input']}"
+    losses = "; ".join(f"{dtype}'s {step_text(entry, dtype)}, {entry['survive'][dtype]} of "
+                       f"{entry['distinct']} distinct values survive"
+                       for dtype in entry["erased_in"])
+    configs = entry["erased_in"][0] if len(entry["erased_in"]) == 1 else "16-bit"
+    return (f"{entry['layer']} ({entry['class']}) receives feature {entry['feature']}{which} "
+            f"({values_text(entry)}): {losses}, so a {configs} config must keep "
+            f"{entry['layer']} in float32")
+
+
+def conclusions(diagnostics: dict[str, Any]) -> list[str]:
+    scale = diagnostics["loss_scale"]
+    lines = []
+    candidates = diagnostics["candidates"]
+    lines.append("float32 placement candidates (riskiest first): "
+                 + (", ".join(candidates[:8]) if candidates else "none: every layer fits float16"))
+    for entry in diagnostics.get("integer_inputs", []):
+        lines.append(f"{describe_integers(entry)}: bfloat16 holds integers exactly only up to "
+                     "256, float16 up to 2048, so a 16-bit config must keep "
+                     f"{entry['layer']} in float32 (or feed it int32)")
+    for entry in diagnostics.get("continuous_inputs", []):
+        lines.append(describe_continuous(entry))
+    lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
+                 f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
+                 + ("it lifts the smallest gradients out of float16's subnormal range)"
+                    if scale["lifts_p01_to_normal"] else
+                    "the smallest 1% of gradients stay subnormal in float16 even so)"))
+    return lines
+
+
+def markdown(diagnostics: dict[str, Any]) -> str:
+    out = ["# per-layer diagnostics (float32 steps)", ""]
+    out += [f"- {line}" for line in conclusions(diagnostics)]
+    out += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    out += ["| " + " | ".join(row) + " |" for row in rows(diagnostics)]
+    return "\n".join(out) + "\n"
+
+
+def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) -> None:
+    from rich.table import Table
+
+    table = Table(title="per-layer ranges in float32, worst first "
+                        "(>f16 max: would overflow; <f16 min: would flush to zero)")
+    for header in HEADERS:
+        table.add_column(header, justify="left" if header in ("layer", "class") else "right",
+                         overflow="fold")
+    from rich.markup import escape
+
+    for row in rows(diagnostics, limit):
+        table.add_row(*map(escape, row), style="red" if float(row[-1]) >= 1 else None)
+    console.print(table)
+    hidden = len(diagnostics["layers"]) - (limit or len(diagnostics["layers"]))
+    if hidden > 0:
+        console.print(f"({hidden} more layers with lower risk not shown)")
+    for line in conclusions(diagnostics):
+        console.print(line, markup=False)

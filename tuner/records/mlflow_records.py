@@ -1,0 +1,425 @@
+"""MLflow records: one parent run per tuning job, one child run per trial.
+
+Everything goes through ``MlflowClient`` from the driver only (many processes writing one
+SQLite file give "database is locked"). Default store: ``sqlite:///RUN_DIR/mlflow.db`` with
+artifacts under ``RUN_DIR/mlartifacts``; ``--tracking-uri`` points at a tracking server instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterable
+
+from tuner.apply.config import PrecisionConfig
+from tuner.judging.noise import SpeedupEstimate
+from tuner.trial_types import TrialResult
+from tuner.judging.verdict import Judgement
+
+_MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
+
+# MLflow 3 opens an experiment without this tag in its GenAI layout (traces, evaluations),
+# where none of our metrics show; "custom_model_development" is the model-training layout.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def default_tracking_uri(run_dir: Path) -> str:
+    return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+
+
+class StagedStores:
+    """Empty MLflow and Optuna SQLite stores, created in a thread while the job starts up.
+
+    Creating them (importing MLflow and Optuna, migrating each database's schema) took 3 s of
+    a 30 s job on this project's machine, and nothing else waits on it. They are made in a
+    temporary folder, because nothing may be written to the run directory before the task is
+    checked, and moved there (``move_into``) once it is. Only for a new run with the default
+    (SQLite) tracking: a failure here only costs that time, the job creates them itself.
+    """
+
+    NAMES = ("mlflow.db", "optuna.db")
+
+    def __init__(self) -> None:
+        import tempfile
+        import threading
+
+        self.folder = Path(tempfile.mkdtemp(prefix="precision-tuner-stores-"))
+        self._thread = threading.Thread(target=self._create, daemon=True)
+        self._thread.start()
+
+    def _create(self) -> None:
+        try:
+            from mlflow import MlflowClient
+            import optuna
+
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}").search_experiments()
+            optuna.storages.RDBStorage(f"sqlite:///{self.folder / 'optuna.db'}")
+        except Exception:  # noqa: BLE001 - the job creates its stores itself then
+            for name in self.NAMES:
+                (self.folder / name).unlink(missing_ok=True)
+
+    def move_into(self, run_dir: Path) -> None:
+        """Wait for the stores and move them into ``run_dir`` (a new run's, still empty)."""
+        import shutil
+
+        self._thread.join()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if all((self.folder / name).exists() for name in self.NAMES) and \
+                not any((run_dir / name).exists() for name in self.NAMES):
+            for name in self.NAMES:
+                shutil.move(str(self.folder / name), str(run_dir / name))
+        self.discard()
+
+    def discard(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def redact_uri(uri: str) -> str:
+    """Hide credentials (``user:password@``) in a tracking URI before printing or logging it."""
+    parts = urllib.parse.urlsplit(uri)
+    if not (parts.username or parts.password):
+        return uri
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+# Fastest first (which also lists the trials flat), in MLflow's model-training side bar
+# (``workflowType``; without it MLflow 3 shows its GenAI one).
+TRIALS_QUERY = ("orderByKey=metrics.%60speedup_vs_float32%60&orderByAsc=false"
+                "&workflowType=machine_learning")
+
+
+def ui_paths(tracking_uri: str, experiment_name: str,
+             parent_run_id: str | None) -> dict[str, str]:
+    """Deep links (relative to the UI's address) to a run's trials and its best config.
+
+    The trials link sorts by ``speedup_vs_float32``, which also lists the child runs flat instead
+    of folded under the tuning job. Empty when the experiment is not in the store.
+    """
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(tracking_uri).get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return {}
+    runs = f"#/experiments/{experiment.experiment_id}/runs"
+    links = {"trials, fastest first": f"{runs}?{TRIALS_QUERY}"}
+    if parent_run_id:
+        links["summary table"] = f"{runs}/{parent_run_id}/artifacts/{SUMMARY_TABLE}"
+        links["best config and plots"] = f"{runs}/{parent_run_id}/artifacts"
+    return links
+
+
+def config_params(config: PrecisionConfig) -> dict[str, str]:
+    """Every config field as a flat MLflow param (``loss_scale.kind`` -> ``dynamic``)."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        elif isinstance(value, list):
+            flat[prefix] = ",".join(map(str, value)) or "-"
+        else:
+            flat[prefix] = "-" if value is None else str(value)
+
+    data = config.to_dict()
+    data.pop("provenance", None)
+    walk("", data)
+    return flat
+
+
+def validation_metrics(validation: dict[str, Any] | None) -> dict[str, float]:
+    """``val_loss`` and ``val_<metric>`` of a trial's evaluation (tuner.worker.validation)."""
+    if not validation or "loss" not in validation:
+        return {}
+    metrics = {"val_loss": validation["loss"]}
+    metrics.update({f"val_{name}": value for name, value in validation["metrics"].items()})
+    return metrics
+
+
+def placement_text(placed: dict[str, Any]) -> str:
+    """``softmax: dense_2, attn/softmax; block_*: block_1`` (or ``-`` when nothing is placed)."""
+    parts = [f"{name}: {', '.join(paths) or 'no layer'}"
+             for kind in ("groups", "layers") for name, paths in placed.get(kind, {}).items()]
+    return "; ".join(parts) or "-"
+
+
+SUMMARY_TABLE = "summary.html"
+
+
+def trial_run_name(*, number: int, config: PrecisionConfig, verdict: str,
+                   speedup: float | None, median_ms: float | None) -> str:
+    """``#4 stable 1.42x 12.3 ms · mixed_bfloat16 · f32: softmax``: the figures first, where the
+    runs table's narrow name column still shows them."""
+    figures = [verdict]
+    if speedup is not None:
+        figures.append(f"{speedup:.2f}x")
+    if median_ms is not None:
+        figures.append(f"{median_ms:.3g} ms")
+    return f"#{number} {' '.join(figures)} · {config.describe()}"[:250]
+
+
+def table_html(table: dict[str, list]) -> str:
+    """A self-contained HTML table (MLflow's artifact view renders HTML files)."""
+    import html
+
+    columns = list(table)
+    count = max((len(values) for values in table.values()), default=0)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(table[c][i]))}</td>" for c in columns)
+        + "</tr>" for i in range(count))
+    return ("<!doctype html><meta charset='utf-8'><style>table{border-collapse:collapse;"
+            "font:13px sans-serif}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+            f"</style><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
+        from mlflow import MlflowClient
+
+        # After the import: importing mlflow configures its own loggers at INFO.
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            artifact_location = None
+            if tracking_uri.startswith("sqlite:"):
+                artifact_location = (run_dir / "mlartifacts").resolve().as_uri()
+            self.experiment_id = self.client.create_experiment(
+                experiment_name, artifact_location=artifact_location,
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        else:
+            self.experiment_id = experiment.experiment_id
+            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
+                                               EXPERIMENT_KIND)
+        self.parent_id: str | None = None
+        self.trial_tags: dict[str, str] = {}   # on every trial run too (a service job's id)
+
+    # -- parent ----------------------------------------------------------------------------
+    def start_parent(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                     tags={"precision_tuner.kind": "tuning_job", **tags})
+        self.parent_id = run.info.run_id
+        self._log_params(self.parent_id, {k: str(v) for k, v in params.items()})
+        return self.parent_id
+
+    def finish_parent(self, *, metrics: dict[str, float], best: PrecisionConfig | None,
+                      summary_markdown: str, status: str = "FINISHED",
+                      table: dict[str, list] | None = None) -> None:
+        """Close the parent run with its metrics, the best config and the summary; ``table``
+        (column -> values, one value per trial) also goes in as ``trials_table.json`` (MLflow's
+        table artifact) and ``summary.html``, which the artifact view renders as a table."""
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, metrics.items())
+        if best is not None:
+            self.client.log_dict(self.parent_id, best.to_dict(), "best_precision.json")
+            self.client.set_tag(self.parent_id, "best_config", best.describe())
+        self.client.log_text(self.parent_id, summary_markdown, "summary.md")
+        if table:
+            self.client.log_table(self.parent_id, data=table, artifact_file="trials_table.json")
+            self.client.log_text(self.parent_id, table_html(table), SUMMARY_TABLE)
+        self.client.set_terminated(self.parent_id, status)
+
+    def log_confirmation(self, confirmations: list[dict[str, Any]]) -> None:
+        """Each confirmation's validation curves on the parent run (``confirm_val_loss_float32``
+        and ``confirm_val_loss_trial_<n>``, by step) and its record (``confirmation.json``)."""
+        assert self.parent_id is not None
+        per_step = []
+        for confirmation in confirmations:
+            for point in confirmation["checkpoints"]:
+                for who, key in (("float32", "confirm_val_loss_float32"),
+                                 ("pick", f"confirm_val_loss_trial_{confirmation['trial']}")):
+                    loss = point[who].get("loss")
+                    if loss is not None:
+                        per_step.append((key, loss, point["step"]))
+        self._log_metrics(self.parent_id, [], per_step=per_step)
+        self.client.log_dict(self.parent_id, {"confirmations": confirmations},
+                             "confirmation.json")
+
+    def log_ceiling(self, ceiling: dict[str, Any]) -> None:
+        """Each precision's speed on the trial device, the limit the picks are read against."""
+        from tuner.records.timing import describe_ceiling
+
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, [(f"ceiling_{dtype}", speed)
+                                           for dtype, speed in ceiling["speed"].items()])
+        self.client.set_tag(self.parent_id, "ceiling", describe_ceiling(ceiling)[:5000])
+
+    def log_sizing(self, steps: int, why: str) -> None:
+        """How many steps every trial trains, as the sized float32 baseline decided."""
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, [("steps_per_trial", float(steps))])
+        self.client.set_tag(self.parent_id, "steps_sized_by", why[:5000])
+
+    def log_timing(self, metrics: dict[str, float], breakdown: dict[str, Any]) -> None:
+        """Where the job's wall time went (after the parent run closed: the records' own time
+        is part of it)."""
+        assert self.parent_id is not None
+        self._log_metrics(self.parent_id, metrics.items())
+        self.client.log_dict(self.parent_id, breakdown, "timing.json")
+
+    def log_plots(self, paths: list[Path]) -> None:
+        assert self.parent_id is not None
+        for path in paths:
+            self.client.log_artifact(self.parent_id, str(path), "plots")
+
+    def log_diagnostics(self, diagnostics: dict[str, Any]) -> None:
+        from tuner.records.diagnostics_report import markdown
+
+        assert self.parent_id is not None
+        self.client.log_dict(self.parent_id, diagnostics, "diagnostics.json")
+        self.client.log_text(self.parent_id, markdown(diagnostics), "diagnostics.md")
+        if diagnostics.get("candidates"):
+            self.client.set_tag(self.parent_id, "float32_candidates",
+                                ", ".join(diagnostics["candidates"][:10]))
+        self.client.set_tag(self.parent_id, "recommended_initial_loss_scale",
+                            f"2^{diagnostics['loss_scale']['exponent']}")
+
+    def resume_parent(self, parent_id: str, recorded: set[str] = frozenset()) -> set[str]:
+        """Continue an interrupted job's parent run. Its trial runs still open are ended as
+        killed, except those of trials the run directory ``recorded`` as finished (killed
+        before MLflow had their results): their ids are returned, for the caller to log."""
+        self.parent_id = parent_id
+        self.client.update_run(parent_id, status="RUNNING")
+        orphans = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_id}' and "
+                          "attributes.status = 'RUNNING'")
+        behind = set()
+        for run in orphans:
+            if run.info.run_id in recorded:
+                behind.add(run.info.run_id)
+            else:
+                self.kill_trial(run.info.run_id, "the tuning process was stopped during this "
+                                                 "trial; it was re-queued")
+        return behind
+
+    # -- children --------------------------------------------------------------------------
+    def start_trial(self, *, number: int, config: PrecisionConfig,
+                    optuna_number: int | None = None, purpose: str = "search",
+                    placed: dict[str, Any] | None = None) -> str:
+        """Open a trial's run when it starts, so the UI shows what is running."""
+        assert self.parent_id is not None
+        tags = {"mlflow.parentRunId": self.parent_id,
+                "precision_tuner.kind": "trial",
+                "trial_number": str(number),
+                "purpose": purpose,
+                "optuna_trial": "-" if optuna_number is None else str(optuna_number),
+                "verdict": "running", **self.trial_tags}
+        if placed is not None:  # which layers each float32 group and pattern selected
+            tags["float32_layers"] = placement_text(placed)[:5000]
+        run = self.client.create_run(self.experiment_id, tags=tags,
+                                     run_name=f"#{number} {config.describe()}")
+        self._log_params(run.info.run_id, config_params(config))
+        return run.info.run_id
+
+    def kill_trial(self, run_id: str, reason: str) -> None:
+        self.client.set_tag(run_id, "verdict", "killed")
+        self.client.set_tag(run_id, "reason", reason)
+        self.client.set_terminated(run_id, "KILLED")
+
+    def log_trial(self, run_id: str, *, config: PrecisionConfig, result: TrialResult,
+                  judgement: Judgement, baseline_ms: float | None) -> None:
+        """Record a finished trial in the run opened by ``start_trial`` and close it."""
+        tags = {"verdict": judgement.verdict.value,
+                "reason": judgement.reason or "-",
+                "outcome": result.outcome.value,
+                "failure_class": result.failure_class.value if result.failure_class else "-",
+                "failure_message": result.failure_message[:5000] or "-",
+                "failure_layer": result.failure_layer or "-",
+                "exclusive_timing": str(result.exclusive_timing).lower(),
+                "node": result.node or "-",
+                "memory_source": result.memory_source or "-"}
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        now = int(time.time() * 1000)
+        series = [("loss", result.losses), ("step_time_ms", result.step_times_ms),
+                  ("loss_scale", result.loss_scales)]
+        per_step = [(key, value, step) for key, values in series
+                    for step, value in enumerate(values) if value is not None]
+        summary: dict[str, float | None] = {
+            "median_step_ms": judgement.median_step_ms,
+            "loss_decrease_ratio": judgement.loss_decrease_ratio,
+            "stable": 1.0 if judgement.stable else 0.0,
+            "skipped_steps": float(result.skipped_steps),
+            "steps_run": float(len(result.losses)),
+            "setup_s": result.setup_s, "trace_s": result.trace_s,
+            "train_s": result.train_s, "wall_s": result.wall_s,
+            "weights_bytes": result.weights_bytes, "peak_memory_bytes": result.peak_memory_bytes,
+        }
+        if judgement.median_step_ms and result.batch_size:
+            summary["samples_per_s"] = result.batch_size * 1000.0 / judgement.median_step_ms
+        if judgement.median_step_ms and baseline_ms:
+            summary["speedup_vs_float32"] = baseline_ms / judgement.median_step_ms
+        if result.losses:
+            summary["final_loss"] = result.losses[-1]
+        summary.update(validation_metrics(result.validation))
+        if result.training_memory:
+            memory = result.training_memory
+            summary["training_memory_bytes"] = float(memory["total_bytes"])
+            for part in ("weights", "gradients", "optimizer", "activations"):
+                summary[f"memory_{part}_bytes"] = float(sum(memory[part].values()))
+        self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
+                          per_step=per_step, timestamp=now)
+        self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
+        # The runs table shows names but no metric until the user adds columns: the verdict,
+        # speedup and median step time go in the name, so the first view shows them.
+        self.client.update_run(run_id, name=trial_run_name(
+            number=result.number,
+            config=config, verdict=judgement.verdict.value,
+            speedup=summary.get("speedup_vs_float32"), median_ms=judgement.median_step_ms))
+        status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
+        self.client.set_terminated(run_id, status)
+
+    def log_remeasure(self, run_id: str, median_ms: float,
+                      estimate: SpeedupEstimate | None) -> None:
+        """The re-measured median and the speedup vs float32 with its interval."""
+        metrics = [("remeasured_median_step_ms", median_ms)]
+        if estimate is not None:
+            metrics += [("remeasured_speedup_vs_float32", estimate.ratio),
+                        ("remeasured_speedup_low", estimate.low),
+                        ("remeasured_speedup_high", estimate.high),
+                        ("remeasure_rounds", float(estimate.rounds))]
+        self._log_metrics(run_id, metrics)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _log_params(self, run_id: str, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), 90):
+            self.client.log_batch(run_id, params=items[start:start + 90])
+
+    def _log_metrics(self, run_id: str, summary: Iterable[tuple[str, float]], *,
+                     per_step: list[tuple[str, float, int]] = (), timestamp: int | None = None
+                     ) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = timestamp or int(time.time() * 1000)
+        metrics = [Metric(k, float(v), timestamp, 0) for k, v in summary]
+        metrics += [Metric(k, float(v), timestamp, step) for k, v, step in per_step]
+        for start in range(0, len(metrics), _MAX_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[start:start + _MAX_BATCH])

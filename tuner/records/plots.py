@@ -1,0 +1,205 @@
+"""PNG plots of a tuning job for the MLflow UI (matplotlib, headless).
+
+- speed_vs_stability.png: median step time against the share of float32's loss decrease, for
+  every trial that trained; stable and rejected marked, the pick highlighted.
+- loss_curves.png: per-step loss of the float32 baseline, the pick and the rejected trials.
+- loss_scale.png: the loss scale over steps of the float16 trials that used one.
+- diagnostics.png: per-layer float16 risk as a heatmap (when diagnostics ran).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.records.results import TuneSummary
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: render to files only
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speed_vs_stability(summary: "TuneSummary", path: Path) -> Path | None:
+    plt = _pyplot()
+    points = [r for r in summary.rows if r.judgement.median_step_ms]
+    if not points:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for row in points:
+        ratio = row.judgement.loss_decrease_ratio
+        stable = row.judgement.stable
+        y = ratio if ratio is not None else 0.0
+        axes.scatter(row.judgement.median_step_ms, y, s=60,
+                     marker="o" if stable else "x", color="tab:green" if stable else "tab:red")
+        axes.annotate(f"#{row.number}", (row.judgement.median_step_ms, y), fontsize=8,
+                      xytext=(4, 4), textcoords="offset points")
+    if summary.best is not None and summary.best.judgement.median_step_ms:
+        best = summary.best
+        axes.scatter(best.judgement.median_step_ms, best.judgement.loss_decrease_ratio or 1.0,
+                     s=260, facecolors="none", edgecolors="gold", linewidths=2.5,
+                     label=f"pick: #{best.number} {best.config.describe()}")
+    axes.axhline(summary.rows[0].judgement.loss_decrease_ratio or 1.0, color="grey",
+                 linestyle=":", linewidth=1)
+    axes.scatter([], [], marker="o", color="tab:green", label="stable")
+    axes.scatter([], [], marker="x", color="tab:red", label="rejected (ratio 0 = not measured)")
+    axes.set_xlabel("median step time after warm-up (ms) — lower is faster")
+    axes.set_ylabel("share of float32's loss decrease")
+    axes.set_title("speed vs stability, every trial (search-phase medians; the pick was "
+                   "chosen on back-to-back re-measurements)", fontsize=10)
+    axes.legend(fontsize=8, loc="best")
+    return _save(figure, path)
+
+
+def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
+    """Step time against training memory for the stable trials, the Pareto front joined."""
+    from tuner.judging.objective import Point, pareto_front
+
+    points = [Point(r.number, r.config, r.judgement.median_step_ms,
+                    int(r.result.training_memory["total_bytes"]))
+              for r in summary.rows if r.judgement.stable and r.judgement.median_step_ms
+              and r.result.training_memory]
+    if len(points) < 2:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for point in points:
+        axes.scatter(point.step_ms, point.memory_bytes / 1e6, s=50, color="tab:blue")
+        axes.annotate(f"#{point.number}", (point.step_ms, point.memory_bytes / 1e6), fontsize=8,
+                      xytext=(4, 4), textcoords="offset points")
+    front = sorted(pareto_front(points), key=lambda p: p.step_ms)
+    axes.plot([p.step_ms for p in front], [p.memory_bytes / 1e6 for p in front], color="tab:orange",
+              marker="o", label="Pareto front (nothing beats these on both)")
+    best = summary.best
+    if best is not None and best.judgement.median_step_ms and best.result.training_memory:
+        axes.scatter(best.judgement.median_step_ms,
+                     best.result.training_memory["total_bytes"] / 1e6, s=260,
+                     facecolors="none", edgecolors="gold", linewidths=2.5,
+                     label=f"pick: #{best.number} {best.config.describe()}")
+    axes.set_xlabel("median step time after warm-up (ms) — lower is faster")
+    axes.set_ylabel("training memory (MB): weights, gradients, optimizer, activations")
+    axes.set_title("speed vs memory, stable trials (search-phase medians)", fontsize=10)
+    axes.legend(fontsize=8, loc="best")
+    return _save(figure, path)
+
+
+def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 5))
+    shown = 0
+    for row in summary.rows:
+        role = ("float32 baseline" if row is summary.baseline else
+                "pick" if row is summary.best else
+                "rejected" if row.judgement.verdict.value in ("unstable", "failed") else None)
+        finite = [v if math.isfinite(v) else float("nan") for v in row.result.losses]
+        if role is None or not finite:
+            continue
+        axes.plot(range(len(finite)), finite, linewidth=2 if role != "rejected" else 1,
+                  linestyle="-" if role != "rejected" else "--",
+                  label=f"#{row.number} {role}: {row.config.describe()}")
+        shown += 1
+    if not shown:
+        plt.close(figure)
+        return None
+    axes.set_xlabel("training step")
+    axes.set_ylabel("loss")
+    axes.set_title("loss curves (same seed, same batches)")
+    axes.legend(fontsize=7, loc="best")
+    return _save(figure, path)
+
+
+def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
+    plt = _pyplot()
+    rows = [r for r in summary.rows if any(s is not None for s in r.result.loss_scales)]
+    if not rows:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for row in rows:
+        scales = [s if s is not None else float("nan") for s in row.result.loss_scales]
+        axes.plot(range(len(scales)), scales, label=f"#{row.number} {row.config.describe()}")
+    axes.set_yscale("log", base=2)
+    axes.set_xlabel("training step")
+    axes.set_ylabel("loss scale")
+    axes.set_title("loss scale over steps (float16 trials)")
+    axes.legend(fontsize=7, loc="best")
+    return _save(figure, path)
+
+
+def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
+    """Validation loss by steps trained: float32 and each confirmed config (tuner.run.confirm)."""
+    if not summary.confirmations:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    shown_float32 = False
+    for item in summary.confirmations:
+        steps = [point.step for point in item.checkpoints]
+        if not steps:
+            continue
+        if not shown_float32:
+            axes.plot(steps, [point.float32.get("loss", math.nan) for point in item.checkpoints],
+                      "o-", color="black", linewidth=2, label="float32")
+            shown_float32 = True
+        verdict = "confirmed" if item.passed else "rejected"
+        axes.plot(steps, [point.pick.get("loss", math.nan) for point in item.checkpoints],
+                  "s--" if not item.passed else "s-",
+                  label=f"#{item.trial} {item.config} ({verdict})")
+    if not shown_float32:
+        plt.close(figure)
+        return None
+    axes.set_xlabel("steps trained in all")
+    axes.set_ylabel("validation loss")
+    axes.set_title("confirmation: validation loss over a longer training")
+    axes.legend(fontsize=7, loc="best")
+    return _save(figure, path)
+
+
+def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
+    plt = _pyplot()
+    layers = diagnostics.get("layers") or []
+    if not layers:
+        return None
+    layers = sorted(layers, key=lambda layer: -layer["risk"])[:40]
+    columns = [("activation", "overflow_fraction", "act >f16 max"),
+               ("activation", "subnormal_fraction", "act <f16 normal"),
+               ("gradient", "overflow_fraction", "grad >f16 max"),
+               ("gradient", "underflow_fraction", "grad <f16 min"),
+               ("weight_gradient", "underflow_fraction", "w-grad <f16 min")]
+    values = [[(layer.get(part) or {}).get(key, 0.0) for part, key, _ in columns]
+              for layer in layers]
+    figure, axes = plt.subplots(figsize=(8, max(3, 0.3 * len(layers) + 1.5)))
+    image = axes.imshow(values, aspect="auto", cmap="Reds", vmin=0, vmax=1)
+    axes.set_xticks(range(len(columns)), [label for _, _, label in columns], rotation=20,
+                    fontsize=8)
+    axes.set_yticks(range(len(layers)), [layer["layer"] for layer in layers], fontsize=7)
+    axes.set_title("per-layer float16 risk (share of values), riskiest first")
+    figure.colorbar(image, ax=axes, fraction=0.04)
+    return _save(figure, path)
+
+
+def _save(figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def make_all(summary: "TuneSummary", diagnostics: dict[str, Any] | None,
+             folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    made = [speed_vs_stability(summary, folder / "speed_vs_stability.png"),
+            speed_vs_memory(summary, folder / "speed_vs_memory.png"),
+            loss_curves(summary, folder / "loss_curves.png"),
+            loss_scale(summary, folder / "loss_scale.png"),
+            confirmation(summary, folder / "confirmation.png")]
+    if diagnostics:
+        made.append(diagnostics_heatmap(diagnostics, folder / "diagnostics.png"))
+    return [path for path in made if path is not None]

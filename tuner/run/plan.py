@@ -1,0 +1,279 @@
+"""The run plan: every setting of a tuning job, resolved once, with concrete values.
+
+Built from the user's flags, the search space and — when a run directory is resumed — the
+settings recorded in its ``run.json`` (a resumed run keeps its settings; a flag that disagrees
+is refused). The CLI builds one; so can anything else that starts a job. Frozen: nothing
+downstream fills in a default or rewrites a flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.apply.config import compute_dtype_of
+from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
+from tuner.judging.decision import DEFAULT_MIN_GAIN
+from tuner.judging.objective import DEFAULT_MEMORY_SLACK
+from tuner.errors import UsageError
+from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
+from tuner.search.space import MIN_TIMED_STEPS, SearchSpace, load_space
+from tuner.search.space_files import looks_like_path
+from tuner.records.timing import CANNOT_WIN_BELOW
+
+
+@dataclass(frozen=True)
+class Remeasurement:
+    """How the finalists are re-timed against float32 before a winner is named."""
+
+    min_rounds: int = 4                 # 3 stopped early on lucky rounds (see tuner.judging.noise)
+    max_rounds: int = 8
+    target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
+    time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the user asked for; ``None`` means "not given" (a default or the resumed run's)."""
+
+    task_path: Path
+    run_dir: Path
+    space: str | None = None
+    trials: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    tolerance: float | None = None
+    exhaustive: bool = False
+    tracking_uri: str | None = None
+    finalists: int = 3
+    trial_time_limit_s: float = 900.0
+    min_gain: float = DEFAULT_MIN_GAIN
+    keep_slow_policies: bool = False
+    objective: str | None = None
+    memory_slack: float | None = None
+    trial_seconds: float | None = None  # the sizing cap (tuner.judging.sizing); only without --steps
+    confirm_steps: int | None = None    # the confirmation's length (tuner.run.confirm)
+    confirm_seconds: float | None = None
+    no_confirm: bool = False
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    task_path: Path
+    run_dir: Path
+    space: SearchSpace
+    space_ref: str                      # built-in name or the YAML file's absolute path
+    trials: int                         # the budget (the grid's size when exhaustive)
+    steps: int
+    seed: int
+    tolerance: float                    # share of float32's loss decrease a trial must reach
+    exhaustive: bool
+    tracking_uri: str | None            # None: SQLite in the run directory
+    resume: bool
+    finalists: int = 3
+    trial_time_limit_s: float = 900.0
+    slow_factor: float = 1.5            # early-stop limit: this much slower than the best
+    min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
+    remeasurement: Remeasurement = Remeasurement()
+    # Which layers each float32 group and pattern selects in the model (from the task check);
+    # None until the plan is fitted to the model.
+    matches: dict[str, Any] | None = None
+    # Layers that take integer-valued floats (from diagnostics): every trial checks them.
+    integer_inputs: tuple[dict[str, Any], ...] = ()
+    # Layers that take continuous features a 16-bit cast erases (from diagnostics): likewise.
+    continuous_inputs: tuple[dict[str, Any], ...] = ()
+    keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
+    objective: str = "speed"            # speed | memory | balanced (tuner.judging.objective)
+    memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
+    # Policies left out because the device's ceiling says they cannot win; None until decided
+    # (a resumed run keeps what its run decided).
+    skipped_policies: tuple[str, ...] | None = None
+    # Steps not fixed by --steps: the float32 baseline trial is sized by this rule and every
+    # later trial trains its count (``sized``); None once sized, or when --steps fixed it.
+    sizing: Sizing | None = None
+    sized_by: str = ""                  # why the baseline stopped where it did
+    batch_pool: int | None = None       # distinct batches every run cycles through
+    confirm: ConfirmBudget = ConfirmBudget()  # the pick's longer training before export
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.space.budget.warmup_steps
+
+    @property
+    def enumerates_space(self) -> bool:
+        """True when every config of the space will run (exhaustive, or a budget that covers
+        it): then the space is enumerated once instead of sampled with repeats."""
+        return self.exhaustive or self.trials >= self.space.size()
+
+    def settings(self) -> dict[str, Any]:
+        """What run.json records (and a resumed run is held to)."""
+        return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
+                "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
+                "exhaustive": self.exhaustive, "min_gain": self.min_gain,
+                "skipped_policies": list(self.skipped_policies or ()),
+                "objective": self.objective, "memory_slack": self.memory_slack,
+                "sizing": self.sizing.to_dict() if self.sizing else None,
+                "sized_by": self.sized_by, "batch_pool": self.batch_pool,
+                "confirm": dataclasses.asdict(self.confirm)}
+
+    def sized(self, steps: int, why: str) -> "RunPlan":
+        """The plan once the baseline is sized: every later run trains ``steps`` steps."""
+        return dataclasses.replace(self, steps=steps, sizing=None, sized_by=why)
+
+    def describe_steps(self) -> str:
+        if self.sizing is None:
+            return f"{self.steps} steps"
+        return (f"steps sized by the float32 baseline: at least {self.sizing.floor}, at most "
+                f"{self.sizing.cap_s:g} s of training")
+
+    def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
+        """The plan over the space fitted to the model: float32 groups that select no layer
+        dropped (one line each, returned); a pattern that selects none is refused
+        (SearchSpaceError, exit 2)."""
+        space, notes = self.space.fitted(matches)
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(self, space=space, trials=trials, matches=matches), notes
+
+    def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
+        """The plan without the policies whose compute dtype the device's ceiling says cannot
+        beat float32 (``tuner.worker.ceiling``), one line each; a resumed run leaves out what
+        it left out before. ``keep_slow_policies`` keeps them all."""
+        if self.skipped_policies is not None:
+            skipped, notes = self.skipped_policies, []
+        elif self.keep_slow_policies or not ceiling:
+            skipped, notes = (), []
+        else:
+            slow = {dtype: speed for dtype, speed in ceiling["speed"].items()
+                    if speed < CANNOT_WIN_BELOW}
+            skipped = tuple(p for p in self.space.policies if p != "float32"
+                            and compute_dtype_of(p) in slow)
+            notes = [f"skipping {', '.join(p for p in skipped if compute_dtype_of(p) == dtype)}: "
+                     f"{dtype} runs a dense layer's training step at {speed:.2g}x float32's "
+                     f"speed on {ceiling['device']}, so it cannot win here (pass "
+                     "--keep-slow-policies to try it anyway)"
+                     for dtype, speed in slow.items()
+                     if any(compute_dtype_of(p) == dtype for p in skipped)]
+        space = dataclasses.replace(self.space, policies=tuple(
+            p for p in self.space.policies if p not in skipped))
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(self, space=space, trials=trials,
+                                   skipped_policies=tuple(skipped)), notes
+
+    def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
+        """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""
+        space = self.space.with_diagnostics(diagnostics["candidates"],
+                                            diagnostics["loss_scale"]["initial_scale"])
+        trials = space.size() if self.exhaustive else self.trials
+        return dataclasses.replace(
+            self, space=space, trials=trials,
+            integer_inputs=tuple(diagnostics.get("integer_inputs", ())),
+            continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())))
+
+
+def space_ref(space: str) -> str:
+    """How run.json names a space: a built-in name, or the YAML file's absolute path."""
+    if looks_like_path(space):
+        return str(Path(space).resolve())
+    return space
+
+
+def check_steps(steps: int, warmup_steps: int, what: str) -> None:
+    if steps < warmup_steps + MIN_TIMED_STEPS:
+        raise UsageError(f"{what} must exceed the space's warmup_steps ({warmup_steps}) by at "
+                         f"least {MIN_TIMED_STEPS}, so that step times can be measured after "
+                         f"warm-up. Received: {what} {steps}")
+
+
+def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
+    """The plan for new run (``previous`` is None) or for resuming the run ``previous``
+    describes (its run.json). Raises UsageError when the flags conflict."""
+    if flags.exhaustive and flags.trials:
+        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
+                         f"with --trials {flags.trials}. Drop one of the two.")
+    if previous is not None:
+        _check_resume(previous, flags)
+        ref, recorded = previous["space"], previous
+    else:
+        ref, recorded = space_ref(flags.space or "quick"), {}
+    space = load_space(ref)
+    exhaustive = recorded.get("exhaustive", flags.exhaustive)
+    if flags.steps is not None and flags.trial_seconds is not None:
+        raise UsageError(f"--trial-seconds caps how long trials are sized; --steps fixes their "
+                         f"count instead. Received: --steps {flags.steps} --trial-seconds "
+                         f"{flags.trial_seconds:g}. Drop one of the two.")
+    steps = recorded.get("steps") or flags.steps or space.budget.steps
+    check_steps(steps, space.budget.warmup_steps, "--steps")
+    if previous is not None:
+        sizing = Sizing.from_dict(recorded["sizing"]) if recorded.get("sizing") else None
+        pool = recorded.get("batch_pool") or steps
+    elif flags.steps is None:
+        sizing = Sizing(floor=steps, min_steps=space.budget.warmup_steps + MIN_TIMED_STEPS,
+                        cap_s=flags.trial_seconds or DEFAULT_CAP_S,
+                        tolerance=flags.tolerance or space.budget.min_loss_decrease_ratio)
+        pool = max(steps, BATCH_POOL)
+    else:
+        sizing, pool = None, steps
+    trials = space.size() if exhaustive else (recorded.get("trials") or flags.trials
+                                              or space.trials)
+    return RunPlan(
+        task_path=flags.task_path, run_dir=flags.run_dir, space=space, space_ref=ref,
+        trials=trials, steps=steps, seed=recorded.get("seed", flags.seed or 0),
+        tolerance=recorded.get("tolerance") or flags.tolerance
+        or space.budget.min_loss_decrease_ratio,
+        exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
+        finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
+        min_gain=recorded.get("min_gain", flags.min_gain),
+        keep_slow_policies=flags.keep_slow_policies,
+        objective=recorded.get("objective") or flags.objective or "speed",
+        memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
+        skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
+        sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,
+        confirm=_confirm_budget(flags, recorded.get("confirm")))
+
+
+def _confirm_budget(flags: Flags, recorded: dict[str, Any] | None) -> ConfirmBudget:
+    """The confirmation's budget: a resumed run keeps its own."""
+    if recorded:
+        return ConfirmBudget(**recorded)
+    if flags.no_confirm and (flags.confirm_steps is not None
+                             or flags.confirm_seconds is not None):
+        raise UsageError("--no-confirm skips the confirmation; --confirm-steps and "
+                         "--confirm-seconds size it. Received both. Drop one of the two.")
+    if flags.confirm_steps is not None and flags.confirm_steps < 1:
+        raise UsageError(f"--confirm-steps must be a positive number of steps. Received: "
+                         f"--confirm-steps {flags.confirm_steps}")
+    if flags.confirm_seconds is not None and not flags.confirm_seconds > 0:
+        raise UsageError(f"--confirm-seconds must be positive. Received: --confirm-seconds "
+                         f"{flags.confirm_seconds:g}")
+    return ConfirmBudget(enabled=not flags.no_confirm, steps=flags.confirm_steps,
+                         seconds=flags.confirm_seconds or DEFAULT_CONFIRM_SECONDS)
+
+
+def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
+    """On resume, what the user passes must agree with what the run was started with."""
+    run_dir = flags.run_dir
+    if previous.get("status") == "finished":
+        raise UsageError(f"the run in {str(run_dir)!r} already finished. Export its result "
+                         f"(precision-tuner export --run-dir {run_dir}) or choose a new "
+                         "--run-dir.")
+    if previous["task"] != str(flags.task_path):
+        raise UsageError(f"--run-dir {str(run_dir)!r} belongs to task {previous['task']!r}, "
+                         f"not {str(flags.task_path)!r}. Pass that task, or a new --run-dir.")
+    if flags.exhaustive and not previous.get("exhaustive"):
+        raise UsageError(f"--exhaustive: the run in {str(run_dir)!r} was started with a "
+                         "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
+                         "or start a new --run-dir.")
+    given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
+             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance,
+             "objective": flags.objective, "memory_slack": flags.memory_slack}
+    if flags.trial_seconds is not None:
+        raise UsageError(f"--trial-seconds {flags.trial_seconds:g}: a resumed run keeps how its "
+                         "trials were sized. Drop --trial-seconds, or start a new --run-dir.")
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        if value is not None and value != previous.get(key):
+            raise UsageError(f"{flag} {value} differs from the interrupted run's "
+                             f"{previous.get(key)!r}; a resumed run keeps its settings. Drop "
+                             f"{flag}, or start a new --run-dir.")

@@ -1,0 +1,324 @@
+"""Re-timing the finalists against float32: the measurements the winner is decided on.
+
+Search-phase medians only screen (one run each, possibly beside another trial). Here:
+
+- The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
+  to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
+  the leader's (by more than a run's drift) is dropped first, with a line saying so.
+- Each config's model is built and traced once, on its first run, and kept alive in the
+  worker: every later run trains it on (``tuner.worker.live``). The float32 baseline trial
+  leaves its model there, so float32 is not rebuilt where the session runs in its worker.
+- A warm-up run of float32 comes first and is discarded: the first run on a fresh worker pays
+  for thread pools, the allocator and cold caches, and a config that always ran first was
+  measured up to 46% slow because of it.
+- Rounds: each runs float32 and every finalist once. The order rotates and reverses from round
+  to round, so no config always runs first or right after the same neighbour.
+- From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
+  and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
+  reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
+  below float32 + ``min_gain``, or a single finalist left whose interval clears it), or the
+  leader's interval is within ``target_half_width``, or at ``max_rounds``, or past
+  ``time_cap_s``; the notes say which.
+- A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
+  the session continues on a fresh worker (which builds its models again).
+
+The winner is then decided by ``tuner.judging.decision.decide`` on the intervals, and, while the
+session still holds the live models, confirmed by a longer training against float32
+(``tuner.run.confirm``): a pick that trains to a worse model gives way to the next the decision
+would pick, else to float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from tuner import interrupt
+from tuner.run.confirm import MAX_ATTEMPTS, Confirmation, Confirmer
+from tuner.judging.decision import Candidate, Decision, decide
+from tuner.errors import TunerError
+from tuner.judging.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
+                         round_log_ratios, speedup_from_log_ratios)
+from tuner.judging.objective import Point, pareto_front, pick
+from tuner.records.results import TrialRow
+from tuner.run.trial_loop import Scheduler, make_spec
+from tuner.trial_types import TrialOutcome, TrialResult
+
+
+@dataclass
+class Remeasured:
+    winner: TrialRow
+    decision: Decision
+    notes: list[str] = field(default_factory=list)
+    shared: bool = False                 # the timings were not exclusive (busy cluster)
+    objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
+    confirmations: list[Confirmation] = field(default_factory=list)  # in the order run
+    confirm_skipped: bool = False        # --no-confirm
+
+
+def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
+    stable = [r for r in scheduler.timed_stable_rows() if r is not scheduler.baseline]
+    return stable[:scheduler.plan.finalists]
+
+
+def clearly_behind(scheduler: Scheduler,
+                   finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
+    """The finalists worth re-measuring, and a line for each one dropped because even the
+    fast end of its search-phase median's interval is beyond the leader's slow end by more
+    than a run's drift (``SEARCH_DRIFT``): one run each cannot say more, and re-timing it
+    would only spend the budget."""
+    leader = scheduler.best_stable()
+    if leader is None or not leader.result.timed_steps_ms:
+        return finalists, []
+    leader_low, leader_high = median_interval(leader.result.timed_steps_ms)
+    kept, notes = [], []
+    for row in finalists:
+        low, high = median_interval(row.result.timed_steps_ms)
+        if row is not leader and low > leader_high * SEARCH_DRIFT:
+            notes.append(f"dropped #{row.number} ({row.config.describe()}) before the "
+                         f"re-measurement: its search-phase median step lies in [{low:.3g}-"
+                         f"{high:.3g}] ms, beyond #{leader.number}'s [{leader_low:.3g}-"
+                         f"{leader_high:.3g}] ms by more than a run's "
+                         f"{SEARCH_DRIFT - 1:.0%} drift")
+        else:
+            kept.append(row)
+    return kept, notes
+
+
+def remeasure(scheduler: Scheduler) -> Remeasured:
+    baseline = scheduler.baseline
+    if baseline is None:
+        raise TunerError("no float32 baseline to re-measure against")
+    if scheduler.plan.objective != "speed":
+        return _by_objective(scheduler, baseline)
+    finalists, dropped = clearly_behind(scheduler, finalists_of(scheduler))
+    if not finalists:
+        baseline.estimate = SpeedupEstimate.identity()
+        why = ("no stable config besides float32" if not dropped else
+               "every finalist is clearly slower than float32")
+        return Remeasured(baseline, decide(baseline.number, [], min_gain=scheduler.plan.min_gain),
+                          [f"{why}: nothing to re-measure", *dropped])
+    outcome = _Rounds(scheduler, baseline, finalists).run()
+    outcome.notes[1:1] = dropped
+    return outcome
+
+
+def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
+    """memory or balanced (tuner.judging.objective): the choice is made on the search's figures, then
+    re-measured against float32 so its speed comes with an interval."""
+    plan = scheduler.plan
+    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory}
+    points = [Point(r.number, r.config, r.judgement.median_step_ms,
+                    int(r.result.training_memory["total_bytes"])) for r in rows.values()]
+    if not points:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, decide(baseline.number, [], min_gain=plan.min_gain),
+                          ["no stable config has a memory figure: float32"])
+    chosen, why = pick(points, plan.objective, plan.memory_slack)
+    lines = [why]
+    if plan.objective == "balanced":
+        lines += [f"front: {point.describe()}" for point in pareto_front(points)]
+    row = rows[chosen.number]
+    if row is baseline:
+        baseline.estimate = SpeedupEstimate.identity()
+        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
+                          ["the pick is float32: nothing to re-measure"], objective_lines=lines)
+    rounds = _Rounds(scheduler, baseline, [row])
+
+    def chosen_by_objective(count: int) -> Remeasured:
+        if row.estimate is None or row not in rounds.active:
+            baseline.estimate = SpeedupEstimate.identity()
+            return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
+                                                 f"{why}, but #{row.number} was lost in the "
+                                                 "re-measurement: float32"),
+                              rounds.notes, rounds.shared, lines)
+        decision = Decision(row.number, row.estimate, False,
+                            f"{why}; {row.estimate.describe()} vs float32")
+        return Remeasured(row, decision, rounds.notes, rounds.shared, lines)
+
+    rounds.decide = chosen_by_objective
+    return rounds.run()
+
+
+def _why_lost(result: TrialResult) -> str:
+    if result.outcome is TrialOutcome.FAILED:
+        return result.failure_message
+    if result.outcome is TrialOutcome.DIVERGED:
+        return f"loss non-finite at step {result.first_non_finite_step}"
+    return result.stop_reason or "no timed steps"
+
+
+class _Rounds:
+    def __init__(self, scheduler: Scheduler, baseline: TrialRow,
+                 finalists: list[TrialRow]) -> None:
+        self.scheduler = scheduler
+        self.plan = scheduler.plan
+        self.policy = scheduler.plan.remeasurement
+        self.baseline = baseline
+        self.active = list(finalists)
+        self.count = len(finalists)
+        self.notes: list[str] = []
+        self.shared = False
+        self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
+        self.candidates: list[Candidate] = []
+        for row in [baseline, *finalists]:
+            row.remeasured_rounds = []
+
+    def run(self) -> Remeasured:
+        scheduler, policy = self.scheduler, self.policy
+        scheduler.progress.phase(
+            f"re-measuring float32 and {len(self.active)} finalist(s) back to back, "
+            f"{policy.min_rounds}-{policy.max_rounds} rounds")
+        started = time.perf_counter()
+        stop = ""
+        with scheduler.executor.exclusive() as session:
+            self.shared = not session.exclusive_timing
+            self._time(session, self.baseline)          # warm-up run, discarded
+            self.baseline.remeasured_rounds = []
+            rounds = 0
+            while not stop:
+                self._round(session, rounds)
+                rounds += 1
+                stop = self._stop_reason(rounds, time.perf_counter() - started)
+            self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in "
+                                 f"{rounds} rounds, stopped by {stop}")
+            return self._confirm(session, self.decide(rounds), rounds)
+
+    def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
+        """The pick, and the next ones if it fails, trained on against float32 before export."""
+        budget = self.plan.confirm
+        if outcome.winner is self.baseline or not budget.enabled:
+            outcome.confirm_skipped = not budget.enabled
+            return outcome
+        def run(row: TrialRow, train_to: int) -> TrialResult:
+            spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
+                                       validate=True, train_to=train_to)
+            return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
+                                          phase="confirmation")
+
+        confirmer = Confirmer(run, budget, self.plan.steps, self.scheduler.progress)
+        rows = {r.number: r for r in self.scheduler.rows}
+        rejected: list[str] = []
+        while outcome.winner is not self.baseline:
+            confirmation = confirmer.confirm(self.baseline, outcome.winner)
+            outcome.confirmations.append(confirmation)
+            if confirmation.passed:
+                return outcome
+            rejected.append(f"#{confirmation.trial} failed its confirmation "
+                            f"({confirmation.reason})")
+            left = [c for c in self.candidates
+                    if c.number not in {done.trial for done in outcome.confirmations}]
+            if len(outcome.confirmations) >= MAX_ATTEMPTS:
+                left = []
+            decision = decide(self.baseline.number, left, min_gain=self.plan.min_gain,
+                              baseline_rounds=rounds)
+            outcome.decision = dataclasses.replace(
+                decision, explanation="; ".join(rejected) + "; then: " + decision.explanation)
+            outcome.winner = rows[decision.winner]
+        self.baseline.estimate = SpeedupEstimate.identity(rounds)
+        return outcome
+
+    def _time(self, session, row: TrialRow) -> list[float] | None:
+        """One run of ``row``'s config (on the model the session keeps alive for it: built and
+        traced once); its timed steps, or None when the run failed. Stability was judged in
+        the search: here a run counts unless it failed, diverged or timed nothing."""
+        spec = make_spec(self.plan, row.number, row.config)
+        result = self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
+                                        phase="re-measurement")
+        if not result.exclusive_timing:
+            self.shared = True
+        if result.outcome is not TrialOutcome.COMPLETED or not result.timed_steps_ms:
+            if row is not self.baseline:
+                self.active.remove(row)
+                self.notes.append(f"lost #{row.number} ({row.config.describe()}) in the "
+                                  f"re-measurement: {_why_lost(result)}")
+            return None
+        return list(result.timed_steps_ms)
+
+    def _round(self, session, index: int) -> None:
+        order = [self.baseline, *self.active]
+        shift = index % len(order)
+        order = order[shift:] + order[:shift]
+        if index % 2:
+            order.reverse()
+        for row in order:
+            if row is self.baseline or row in self.active:
+                steps = self._time(session, row)
+                row.remeasured_rounds.append(steps or [])
+                interrupt.raise_if_requested()
+        if not any(self.baseline.remeasured_rounds):
+            raise TunerError("re-measuring the float32 baseline failed; cannot name a winner. "
+                             "Is the machine overloaded or out of memory?")
+
+    def _estimates(self) -> dict[int, SpeedupEstimate]:
+        """Each active finalist's speedup; the round-to-round noise is pooled over all."""
+        ratios = {row.number: round_log_ratios(self.baseline.remeasured_rounds,
+                                               row.remeasured_rounds) for row in self.active}
+        pooled = PooledNoise.of(list(ratios.values()))
+        estimates = {}
+        for row in self.active:
+            if ratios[row.number]:
+                row.estimate = speedup_from_log_ratios(ratios[row.number], pooled)
+                estimates[row.number] = row.estimate
+        return estimates
+
+    def _stop_reason(self, rounds: int, elapsed_s: float) -> str:
+        policy = self.policy
+        if not self.active:
+            return "every finalist was lost"
+        if rounds < policy.min_rounds:
+            return ""
+        estimates = self._estimates()
+        if not estimates:
+            return "no finalist could be paired with a float32 round"
+        leader = max(self.active, key=lambda r: r.estimate.ratio if r.estimate else 0.0)
+        for row in list(self.active):
+            if row is not leader and row.estimate and row.estimate.high < leader.estimate.low:
+                self.active.remove(row)
+                self.notes.append(f"dropped #{row.number} after {rounds} rounds: "
+                                  f"{row.estimate.describe()}, clearly behind #{leader.number} "
+                                  f"({leader.estimate.describe()})")
+        bar = 1.0 + self.plan.min_gain
+        if self._drop_below(bar, rounds):
+            leader = max(self.active, key=lambda r: r.estimate.ratio)
+        width = leader.estimate.relative_half_width
+        if all(r.estimate and r.estimate.high < bar for r in self.active):
+            return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
+                    f"(leader's interval +-{width:.1%})")
+        if leader.estimate.clears(bar) and len(self.active) == 1:
+            return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
+        if width <= policy.target_half_width:
+            return (f"the leader's interval reached the +-{policy.target_half_width:.0%} target "
+                    f"(+-{width:.1%})")
+        if rounds >= policy.max_rounds:
+            return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
+        if elapsed_s >= policy.time_cap_s:
+            return (f"the {policy.time_cap_s:.0f} s time cap (leader's interval "
+                    f"+-{width:.1%})")
+        return ""
+
+    def _drop_below(self, bar: float, rounds: int) -> bool:
+        """Drop the finalists whose whole interval lies below ``bar`` (float32 + the minimum
+        gain) while another finalist's still reaches it: none of them can be picked
+        (``decide`` needs the interval's low end above the bar), so timing them on only spends
+        the rounds. When every finalist lies below, the rounds stop instead (float32 wins)."""
+        below = [r for r in self.active if r.estimate and r.estimate.high < bar]
+        if not below or len(below) == len(self.active):
+            return False
+        for row in below:
+            self.active.remove(row)
+            self.notes.append(f"dropped #{row.number} after {rounds} rounds: "
+                              f"{row.estimate.describe()}, below float32 + "
+                              f"{self.plan.min_gain:.0%}, so it cannot be picked")
+        return True
+
+    def _decide(self, rounds: int) -> Remeasured:
+        self.baseline.estimate = SpeedupEstimate.identity(rounds)
+        candidates = [Candidate(r.number, r.config, r.estimate) for r in self.active
+                      if r.estimate is not None]
+        self.candidates = candidates
+        decision = decide(self.baseline.number, candidates, min_gain=self.plan.min_gain,
+                          baseline_rounds=rounds)
+        rows = {r.number: r for r in self.scheduler.rows}
+        return Remeasured(rows[decision.winner], decision, self.notes, self.shared)

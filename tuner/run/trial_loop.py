@@ -1,0 +1,223 @@
+"""Where a trial is scheduled: proposals become specs on an executor, results become rows.
+
+The float32 baseline runs first and alone (every verdict and the early-stop limit need it);
+after that up to ``executor.slots`` trials run side by side. Each finished trial is judged
+against the baseline, recorded (``TrialRecords``: MLflow and the run directory) and told to the
+proposer. Choosing configs is the proposer's job, re-timing the finalists ``tuner.run.remeasure``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from tuner import interrupt
+from tuner.apply.config import PrecisionConfig
+from tuner.errors import TunerError
+from tuner.run.plan import RunPlan
+from tuner.search.proposer import Proposal, Proposer
+from tuner.records.results import NoProgress, Progress, TrialRow
+from tuner.records.timing import TimeBreakdown
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.judging.verdict import Judgement, judge
+
+# Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
+# stay alive there (built and traced once for the search and the re-measurement), unless
+# float32 alone needs more training memory than this: then only its model is kept.
+LIVE_MODELS_MEMORY_BOUND = 512 * 2**20
+
+# The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
+# another trial shared the node is noisier and biased upwards: widen the limit by this much.
+SHARED_TIMING_WIDENING = 1.5
+
+
+class TrialRecords(Protocol):
+    """Where finished trials are written (MLflow child runs, the run directory)."""
+
+    def trial_started(self, number: int, config: PrecisionConfig,
+                      optuna_number: int | None, repair: bool) -> None: ...
+    def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None: ...
+    def steps_sized(self, steps: int, why: str) -> None: ...
+
+
+def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
+              stop_if_slower_than_ms: float | None = None) -> TrialSpec:
+    return TrialSpec(number=number, task_path=str(plan.task_path), config=config.to_dict(),
+                     steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
+                     stop_if_slower_than_ms=stop_if_slower_than_ms,
+                     integer_inputs=[dict(entry) for entry in plan.integer_inputs],
+                     continuous_inputs=[dict(entry) for entry in plan.continuous_inputs],
+                     batch_pool=plan.batch_pool)
+
+
+class Scheduler:
+    def __init__(self, plan: RunPlan, executor, proposer: Proposer, records: TrialRecords,
+                 progress: Progress | None = None, clock: TimeBreakdown | None = None) -> None:
+        self.plan = plan
+        self.executor = executor
+        self.proposer = proposer
+        self.records = records
+        self.progress = progress or NoProgress()
+        self.clock = clock or TimeBreakdown()
+        self.rows: list[TrialRow] = []
+        self.pending: dict[int, Proposal] = {}
+        self.train_s = 0.0
+        self.trace_s = 0.0
+        self._budget_used = 0
+        self._kept: list[int] = [0]   # trials whose models the worker keeps alive
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    @property
+    def baseline(self) -> TrialRow | None:
+        return self.rows[0] if self.rows else None  # trial 0 always finishes first, alone
+
+    def timed_stable_rows(self) -> list[TrialRow]:
+        """Stable trials with a step time, fastest (search-phase median) first."""
+        stable = [r for r in self.rows if r.judgement.stable and r.judgement.median_step_ms]
+        return sorted(stable, key=lambda r: r.judgement.median_step_ms)
+
+    def best_stable(self) -> TrialRow | None:
+        stable = self.timed_stable_rows()
+        return stable[0] if stable else None
+
+    def search_speedup(self, row: TrialRow | None) -> float | None:
+        """Screening figure only (search-phase medians); the decision uses re-measurements."""
+        base = self.baseline
+        if row is None or base is None or not base.judgement.median_step_ms \
+                or not row.judgement.median_step_ms:
+            return None
+        return base.judgement.median_step_ms / row.judgement.median_step_ms
+
+    def judge(self, result: TrialResult) -> Judgement:
+        budget = self.plan.space.budget
+        return judge(result, self.baseline.result if self.baseline else None,
+                     floor=self.plan.space.loss_scale_floor,
+                     max_skipped_fraction=budget.max_skipped_fraction,
+                     min_loss_decrease_ratio=self.plan.tolerance,
+                     expected_steps=self.plan.steps)
+
+    def account(self, result: TrialResult, phase: str = "trials") -> TrialResult:
+        """Count a run's time: in the totals and in ``phase``'s worker time."""
+        self.train_s += result.train_s
+        self.trace_s += result.trace_s
+        self.clock.workers[phase].add(result)
+        return result
+
+    def stop_limit_ms(self) -> float | None:
+        """Early-stop limit for the next trial: from exclusive timings where there are some."""
+        stable = self.timed_stable_rows()
+        exclusive = [r.judgement.median_step_ms for r in stable if r.result.exclusive_timing]
+        if exclusive:
+            return self.plan.slow_factor * min(exclusive)
+        if stable:
+            return self.plan.slow_factor * SHARED_TIMING_WIDENING * \
+                min(r.judgement.median_step_ms for r in stable)
+        return None
+
+    # -- resuming --------------------------------------------------------------------------
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Take back the trials an earlier, interrupted process finished."""
+        for record in sorted(records, key=lambda r: r["number"]):
+            config = PrecisionConfig.from_dict(record["config"])
+            result = TrialResult.from_dict(record["result"])
+            row = TrialRow(result.number, config, result, self.judge(result),
+                           record.get("run_id"), record.get("optuna_number"),
+                           bool(record.get("repair")))
+            self.rows.append(row)
+            self.proposer.restore(self.proposer.key(config), row.number,
+                                  from_space=not row.repair)
+            self._budget_used += not (self.plan.exhaustive and row.repair)
+        if self.rows and (self.rows[0].number != 0 or self.rows[0].config.policy != "float32"):
+            raise TunerError("the run directory's trials.jsonl does not start with the float32 "
+                             "baseline; it cannot be resumed. Start a new --run-dir.")
+        if self.rows and self.plan.sizing is not None:  # killed before run.json said so
+            self._size(self.rows[0].result)
+
+    # -- the search ------------------------------------------------------------------------
+    def run(self) -> bool:
+        """Run trials until the budget is spent; return True when the space ran out first."""
+        number = max((r.number for r in self.rows), default=-1) + 1
+        while True:
+            capacity = 1 if not self.rows else self.executor.slots
+            while self.executor.in_flight() < capacity and self._budget_used < self.plan.trials:
+                pending_keys = {p.key for p in self.pending.values()}
+                proposal = self.proposer.next(pending_keys)
+                if proposal is None:
+                    break
+                if not self.rows and not self.pending and proposal.config.policy != "float32":
+                    raise TunerError("internal error: the first trial must be the float32 "
+                                     "baseline")
+                self._submit(number, proposal)
+                number += 1
+            if not self.pending:
+                return self.proposer.exhausted and self._budget_used < self.plan.trials
+            for result in self.executor.wait_any():
+                self._finish(self.pending.pop(result.number), self.account(result))
+            interrupt.raise_if_requested()
+
+    def _submit(self, number: int, proposal: Proposal) -> None:
+        # Repairs are extra tries: they never cost the grid a config under --exhaustive.
+        self._budget_used += not (self.plan.exhaustive and proposal.is_repair)
+        self.pending[number] = proposal
+        trial = proposal.optuna_trial
+        self.progress.trial_started(number, proposal.config.describe())
+        self.records.trial_started(number, proposal.config,
+                                   trial.number if trial is not None else None,
+                                   proposal.is_repair)
+        spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
+        spec.validate = True    # every search trial ends on the run's validation batches
+        # The baseline's model stays alive in its worker: the re-measurement starts from it;
+        # so do the leading trials' where the re-measurement runs there (_keep_finalists).
+        spec.keep_live = number == 0 or self._keeps_candidates()
+        if number == 0 and self.plan.sizing is not None:
+            spec.sizing = self.plan.sizing.to_dict()
+        self.executor.submit(spec, self.plan.trial_time_limit_s)
+
+    def _keeps_candidates(self) -> bool:
+        if not getattr(self.executor, "keeps_live_models", False) or self.executor.slots > 1:
+            return False
+        memory = (self.baseline.result.training_memory or {}) if self.baseline else {}
+        return memory.get("total_bytes", 0) <= LIVE_MODELS_MEMORY_BOUND
+
+    def _keep_finalists(self) -> None:
+        """Let the worker keep alive only the models the re-measurement may time: float32's
+        and the fastest stable trials' (as many as there are finalists)."""
+        if not self._keeps_candidates():
+            return
+        leaders = [r for r in self.timed_stable_rows() if r is not self.baseline]
+        kept = [0] + sorted(r.number for r in leaders[:self.plan.finalists])
+        if kept != self._kept:
+            self._kept = kept
+            rows = {r.number: r for r in self.rows}
+            self.executor.keep_live_only([make_spec(self.plan, n, rows[n].config)
+                                          for n in kept if n in rows])
+
+    def _size(self, baseline: TrialResult) -> None:
+        """Every later run trains as many steps as the sized baseline did."""
+        steps = max(len(baseline.losses), self.plan.warmup_steps + 1)
+        why = baseline.sized_by or f"the floor ({self.plan.sizing.floor} steps)"
+        self.plan = self.plan.sized(steps, why)
+        self.records.steps_sized(steps, why)
+        self.progress.phase(f"steps: every trial trains {steps} steps, as float32 did until {why}")
+
+    def _finish(self, proposal: Proposal, result: TrialResult) -> None:
+        trial = proposal.optuna_trial
+        if not self.rows and self.plan.sizing is not None and \
+                result.outcome is TrialOutcome.COMPLETED:
+            self._size(result)
+        row = TrialRow(result.number, proposal.config, result, self.judge(result),
+                       optuna_number=trial.number if trial is not None else None,
+                       repair=proposal.is_repair)
+        if not self.rows and not row.judgement.stable:
+            self.proposer.fail(proposal)
+            self.records.trial_finished(row, row.judgement.median_step_ms)
+            raise TunerError(f"the float32 baseline trial did not train stably "
+                             f"({row.judgement.reason}); nothing can be judged against it. "
+                             "Check the task with plain float32 training first.")
+        # First to disk: a kill after this loses nothing.
+        self.records.trial_finished(row, (self.baseline or row).judgement.median_step_ms)
+        self.rows.append(row)
+        self.proposer.finished(proposal, row)
+        best = self.best_stable()
+        self.progress.trial_finished(row, best, self.search_speedup(best))
+        if not self.executor.in_flight():
+            self._keep_finalists()

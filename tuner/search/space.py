@@ -1,0 +1,262 @@
+"""Search spaces: frozen, self-validating dataclasses (parsed from YAML by tuner.search.space_files).
+
+Every dimension is a list of choices, so a space is both what Optuna samples from and a finite
+grid. Loss-scale dimensions are only sampled where the policy computes in float16.
+No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
+``suggest_categorical(name, choices)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
+                          PrecisionConfig, compute_dtype_of)
+from tuner.errors import SearchSpaceError
+from tuner.search.layer_matches import effective_placement, group_paths, no_layer_message, pattern_paths, \
+    placed_layers
+
+MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
+
+__all__ = ["SearchSpace", "TrialBudget", "Suggester", "load_space", "builtin_space_names",
+           "effective_placement", "placed_layers"]
+
+
+class Suggester(Protocol):
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    """How long each trial trains and how it is judged."""
+
+    steps: int = 30
+    warmup_steps: int = 5
+    max_skipped_fraction: float = 0.2
+    min_loss_decrease_ratio: float = 0.9
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    description: str = ""
+    policies: tuple[str, ...] = ("float32", "mixed_float16", "mixed_bfloat16")
+    loss_scale_kinds: tuple[str, ...] = ("none", "dynamic")
+    initial_scales: tuple[float, ...] = (2.0**15,)
+    # "auto" in initial_scales: add the scale diagnostics recommends ("only": it alone).
+    auto_initial_scale: str = ""           # "" | "add" | "only"
+    growth_steps: tuple[int, ...] = (2000,)
+    fixed_values: tuple[float, ...] = (2.0**10,)
+    loss_scale_floor: float = 1.0
+    backend_epsilons: tuple[float | None, ...] = (None,)
+    optimizer_epsilons: tuple[float | None, ...] = (None,)
+    float32_groups: tuple[str, ...] = ()
+    float32_layers: tuple[str, ...] = ()
+    float32_auto_layers: int = 0           # search the k riskiest diagnosed layers, k <= this
+    # How 16-bit weights take their updates, searched under pure policies only.
+    weight_updates: tuple[str, ...] = ("nearest",)
+    risky_layers: tuple[str, ...] = ()     # filled from diagnostics at run time
+    trials: int = 8
+    budget: TrialBudget = TrialBudget()
+
+    # -- sampling --------------------------------------------------------------------------
+    def suggest(self, trial: Suggester) -> PrecisionConfig:
+        """Sample one config (define-by-run: loss-scale choices only for float16 compute)."""
+        params = {"policy": trial.suggest_categorical("policy", list(self.policies))}
+        if compute_dtype_of(params["policy"]) == "float16":
+            kind = trial.suggest_categorical("loss_scale", list(self.loss_scale_kinds))
+            params["loss_scale"] = kind
+            if kind == "dynamic":
+                params["initial_scale"] = trial.suggest_categorical(
+                    "initial_scale", list(self.initial_scales))
+                params["growth_steps"] = trial.suggest_categorical(
+                    "growth_steps", list(self.growth_steps))
+            elif kind == "fixed":
+                params["fixed_value"] = trial.suggest_categorical(
+                    "fixed_value", list(self.fixed_values))
+        if params["policy"] in PURE_POLICIES:
+            params["weight_update"] = trial.suggest_categorical(
+                "weight_update", list(self.weight_updates))
+        params["backend_epsilon"] = trial.suggest_categorical(
+            "backend_epsilon", list(self.backend_epsilons))
+        params["optimizer_epsilon"] = trial.suggest_categorical(
+            "optimizer_epsilon", list(self.optimizer_epsilons))
+        if params["policy"] != "float32":  # placing layers in float32 is a no-op there
+            for group in self.float32_groups:
+                params[f"f32_{group}"] = trial.suggest_categorical(f"f32_{group}", [False, True])
+            for pattern in self.float32_layers:
+                params[f"f32_layer:{pattern}"] = trial.suggest_categorical(
+                    f"f32_layer:{pattern}", [False, True])
+            if self.risky_layers:
+                # One searched k instead of 2^layers switches: the k riskiest go to float32.
+                params["f32_riskiest"] = trial.suggest_categorical(
+                    "f32_riskiest", list(range(len(self.risky_layers) + 1)))
+        return self.config_from_params(params)
+
+    def fitted(self, matches: Mapping[str, Any]) -> tuple["SearchSpace", list[str]]:
+        """This space with its float32 placements resolved against the model's layers.
+
+        ``matches`` is what the worker's task check found, ``probe_task(...)["float32_matches"]``:
+        ``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}, "all_layers":
+        [path, ...]}``. A group that selects no layer would only repeat other configs, so it is
+        dropped, with one line saying so (returned). A ``float32.layers`` pattern that selects no
+        layer is the user's mistake: SearchSpaceError, naming the closest layer paths.
+        """
+        kept, notes = [], []
+        for group in self.float32_groups:
+            if group_paths(matches, group):
+                kept.append(group)
+            else:
+                notes.append(f"float32 group {group!r} matches no layer of the model: dropped "
+                             "from the space")
+        for pattern in self.float32_layers:
+            if not pattern_paths(matches, pattern):
+                raise SearchSpaceError(no_layer_message(f"search space {self.name!r}", pattern,
+                                                         matches))
+        return replace(self, float32_groups=tuple(kept)), notes
+
+    def with_diagnostics(self, ranked_layers: Sequence[str],
+                         recommended_scale: float | None = None) -> "SearchSpace":
+        """This space with what diagnostics found: the riskiest layers (for `auto_layers`) and
+        the recommended initial loss scale (for `initial_scales: [auto, ...]`)."""
+        scales = self.initial_scales
+        if recommended_scale is not None:
+            # Never the floor itself: a scale that starts there reads as collapsed at once.
+            recommended_scale = max(float(recommended_scale), 2.0 * self.loss_scale_floor)
+        if self.auto_initial_scale and recommended_scale:
+            scales = (float(recommended_scale),) if self.auto_initial_scale == "only" else \
+                scales + tuple(s for s in (float(recommended_scale),) if s not in scales)
+        return replace(self, risky_layers=tuple(ranked_layers[:self.float32_auto_layers]),
+                       initial_scales=scales)
+
+    def config_from_params(self, params: Mapping[str, Any]) -> PrecisionConfig:
+        kind = params.get("loss_scale", "none")
+        loss_scale = LossScale(
+            kind=kind,
+            initial_scale=float(params.get("initial_scale", self.initial_scales[0])),
+            growth_steps=int(params.get("growth_steps", self.growth_steps[0])),
+            value=float(params["fixed_value"]) if kind == "fixed" else None,
+            floor=self.loss_scale_floor)
+        groups = tuple(g for g in self.float32_groups if params.get(f"f32_{g}"))
+        layers = tuple(p for p in self.float32_layers if params.get(f"f32_layer:{p}"))
+        riskiest = self.risky_layers[:int(params.get("f32_riskiest", 0))]
+        layers += tuple(name for name in riskiest if name not in layers)
+        return PrecisionConfig(
+            policy=params["policy"], loss_scale=loss_scale,
+            epsilon=Epsilon(params.get("backend_epsilon"), params.get("optimizer_epsilon")),
+            float32=Float32Placement(groups, layers),
+            weight_update=params.get("weight_update", "nearest"))
+
+    def params_for(self, policy: str, *, loss_scale: str = "dynamic",
+                   float32_groups: Sequence[str] = ()) -> dict[str, Any] | None:
+        """Optuna params of a named config, or None where the space cannot express it."""
+        if policy not in self.policies:
+            return None
+        params: dict[str, Any] = {"policy": policy}
+        if compute_dtype_of(policy) == "float16":
+            if loss_scale not in self.loss_scale_kinds:
+                return None
+            params["loss_scale"] = loss_scale
+            if loss_scale == "dynamic":
+                params["initial_scale"] = 2.0**15 if 2.0**15 in self.initial_scales \
+                    else self.initial_scales[0]
+                params["growth_steps"] = self.growth_steps[0]
+            elif loss_scale == "fixed":
+                params["fixed_value"] = self.fixed_values[0]
+        if policy in PURE_POLICIES:
+            params["weight_update"] = "nearest" if "nearest" in self.weight_updates \
+                else self.weight_updates[0]
+        params["backend_epsilon"] = None if None in self.backend_epsilons \
+            else self.backend_epsilons[0]
+        params["optimizer_epsilon"] = None if None in self.optimizer_epsilons \
+            else self.optimizer_epsilons[0]
+        if policy != "float32":
+            for group in self.float32_groups:
+                params[f"f32_{group}"] = group in float32_groups
+            for pattern in self.float32_layers:
+                params[f"f32_layer:{pattern}"] = False
+            if self.risky_layers:
+                params["f32_riskiest"] = 0
+        return params
+
+    def baseline_params(self) -> dict[str, Any]:
+        params = self.params_for("float32")
+        assert params is not None  # float32 is always in a valid space
+        return params
+
+    def recommended_params(self) -> list[dict[str, Any]]:
+        """The usual advice: a mixed policy, dynamic loss scale, float32 output activation."""
+        recommended = []
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            params = self.params_for(policy, loss_scale="dynamic", float32_groups=("softmax",))
+            if params is not None:
+                recommended.append(params)
+        return recommended
+
+    # -- the grid --------------------------------------------------------------------------
+    def grid(self) -> Iterator[PrecisionConfig]:
+        """Every distinct config of the space, for exhaustive search."""
+        return (self.config_from_params(params) for params in self.grid_params())
+
+    def grid_params(self) -> Iterator[dict[str, Any]]:
+        """The Optuna params of every distinct config (``suggest`` maps each to its config)."""
+        names = [f"f32_{g}" for g in self.float32_groups] + \
+                [f"f32_layer:{p}" for p in self.float32_layers]
+        switches = list(itertools.product([False, True], repeat=len(names)))
+        for policy in self.policies:
+            scales: list[dict[str, Any]] = [{}]
+            if compute_dtype_of(policy) == "float16":
+                scales = []
+                for kind in self.loss_scale_kinds:
+                    if kind == "dynamic":
+                        scales += [{"loss_scale": kind, "initial_scale": s, "growth_steps": g}
+                                   for s in self.initial_scales for g in self.growth_steps]
+                    elif kind == "fixed":
+                        scales += [{"loss_scale": kind, "fixed_value": v} for v in self.fixed_values]
+                    else:
+                        scales.append({"loss_scale": kind})
+            mixed = policy != "float32"  # float32 placement is a no-op under float32
+            updates = [{"weight_update": u} for u in self.weight_updates] \
+                if policy in PURE_POLICIES else [{}]
+            for scale, update, eps_b, eps_o, switch in itertools.product(
+                    scales, updates, self.backend_epsilons, self.optimizer_epsilons,
+                    switches if mixed else [()]):
+                params = {"policy": policy, **scale, **update, "backend_epsilon": eps_b,
+                          "optimizer_epsilon": eps_o, **dict(zip(names, switch))}
+                if mixed and self.risky_layers:
+                    for k in range(len(self.risky_layers) + 1):
+                        yield {**params, "f32_riskiest": k}
+                else:
+                    yield params
+
+    def size(self) -> int:
+        """Number of distinct configs, computed without enumerating the grid."""
+        scale_options = sum(len(self.initial_scales) * len(self.growth_steps) if kind == "dynamic"
+                            else len(self.fixed_values) if kind == "fixed" else 1
+                            for kind in self.loss_scale_kinds)
+        switches = 2 ** (len(self.float32_groups) + len(self.float32_layers)) \
+            * (len(self.risky_layers) + 1)
+        epsilons = len(self.backend_epsilons) * len(self.optimizer_epsilons)
+        return sum(epsilons
+                   * (scale_options if compute_dtype_of(policy) == "float16" else 1)
+                   * (len(self.weight_updates) if policy in PURE_POLICIES else 1)
+                   * (switches if policy != "float32" else 1)
+                   for policy in self.policies)
+
+
+
+
+def load_space(name_or_path: str | Path) -> SearchSpace:
+    """Load a search space by built-in name (``quick``) or by path to a YAML file."""
+    from tuner.search.space_files import load_space as load
+
+    return load(name_or_path)
+
+
+def builtin_space_names() -> list[str]:
+    from tuner.search.space_files import builtin_space_names as names
+
+    return names()

@@ -1,0 +1,237 @@
+"""The service's client: the address and token, the Ray job client, the ``Service`` view of
+the cluster's jobs and MLflow server, and what a submitted job runs (``entrypoint``). The
+commands that use it (``submit``, ``jobs``, ``status``, ...) are in tuner.cli.jobs.
+
+A job is a Ray job (``ray.job_submission.JobSubmissionClient``) whose entrypoint is
+``precision-tuner tune`` on the service's cluster, logging to the service's MLflow server.
+Ray's job server is the queue and the front door; MLflow holds the results, so ``fetch``
+works after the job ended and from any machine that can reach the service.
+
+Where things are:
+
+- the service's MLflow address and directory: the metadata of the Ray job
+  ``precision-tuner-service`` that ``service start`` leaves behind (``service_record``);
+- a job's task, flags, submitter and run directory: the Ray job's metadata;
+- a job's trials and exported config: its MLflow parent run, tagged ``precision_tuner.job_id``
+  (and ``precision_tuner.job_ids``, every job that worked on the run).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tuner import job_context
+from tuner.errors import UsageError, first_line
+
+SERVICE_ENV = "PRECISION_TUNER_SERVICE"
+TOKEN_ENV = "PRECISION_TUNER_TOKEN"
+JOB_KIND = "job"
+
+
+
+# -- connecting ----------------------------------------------------------------------------
+def service_address(args) -> str:
+    address = getattr(args, "service", None) or os.environ.get(SERVICE_ENV)
+    if not address:
+        raise UsageError(f"no service address: pass --service http://HOST:8265 or set "
+                         f"{SERVICE_ENV} (`precision-tuner service start` prints it)")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address.rstrip("/")
+
+
+def service_token(args) -> str | None:
+    token_file = getattr(args, "token_file", None)
+    if token_file is not None:
+        try:
+            return Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file {str(token_file)!r}: "
+                             f"{exc.strerror or exc}. Pass the service's auth_token file.") \
+                from None
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def client_for(address: str, token: str | None):
+    """A ``JobSubmissionClient`` for the service, with the bearer token when there is one."""
+    import logging
+
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(address, headers=headers)
+    except AuthenticationError as exc:
+        raise UsageError(_refused(address, exc, token)) from None
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"cannot reach the service at --service {address}: {first_line(exc)}."
+                         " Start it (`precision-tuner service start`) or fix the address.") \
+            from None
+
+
+def _refused(address: str, exc: BaseException, token: str | None) -> str:
+    why = "the token was not accepted" if token else "it requires authentication"
+    return (f"the service at --service {address} refused the request: {why} "
+            f"({first_line(exc, 80)}). Set {TOKEN_ENV} to the service's token, or pass "
+            "--token-file DIR/auth_token")
+
+
+class Service:
+    """One connection to the service: Ray's job client and the MLflow client."""
+
+    def __init__(self, args) -> None:
+        self.address = service_address(args)
+        self.token = service_token(args)
+        self.jobs = client_for(self.address, self.token)
+        self.record = self._record()
+        self.tracking_uri = getattr(args, "tracking_uri", None) or self.record["tracking_uri"]
+        self._mlflow = None
+
+    def _record(self) -> dict[str, str]:
+        from tuner.service.server import RECORD_JOB
+
+        try:
+            info = self.jobs.get_job_info(RECORD_JOB)
+        except Exception as exc:  # noqa: BLE001 - Ray raises RuntimeError for "not found"
+            raise UsageError(f"{self.address} is a Ray job server but not a precision-tuner "
+                             f"service ({first_line(exc, 80)}). Start one with "
+                             "`precision-tuner service start`.") from None
+        return dict(info.metadata or {})
+
+    @property
+    def mlflow(self):
+        if self._mlflow is None:
+            import logging
+
+            if self.token and not os.environ.get("MLFLOW_TRACKING_PASSWORD"):
+                from tuner.service.server import MLFLOW_USER
+
+                os.environ["MLFLOW_TRACKING_USERNAME"] = MLFLOW_USER
+                os.environ["MLFLOW_TRACKING_PASSWORD"] = self.token
+            from mlflow import MlflowClient
+
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            self._mlflow = MlflowClient(self.tracking_uri)
+        return self._mlflow
+
+    def job(self, job_id: str, required: bool = True):
+        """The Ray job ``job_id``, which must be one of this service's tuning jobs (or None,
+        when not ``required``: Ray forgets its jobs when the cluster restarts; MLflow keeps
+        their runs)."""
+        try:
+            info = self.jobs.get_job_info(job_id)
+        except Exception:  # noqa: BLE001 - Ray raises RuntimeError for an unknown id
+            info = None
+        if info is None or (info.metadata or {}).get("precision_tuner") != JOB_KIND:
+            if not required:
+                return None
+            raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}. "
+                             "List the jobs with `precision-tuner jobs`.")
+        return info
+
+    def recorded_job(self, job_id: str) -> dict[str, Any]:
+        """What a resubmission needs of ``job_id``: from the Ray job, or, after the cluster
+        restarted, from its MLflow parent run (then tune's unrecorded flags -- workers, time
+        limit, finalists -- fall back to their defaults)."""
+        info = self.job(job_id, required=False)
+        if info is not None:
+            meta = info.metadata
+            return {"task": meta.get("task"), "run_root": meta["run_root"],
+                    "tune_args": json.loads(meta["tune_args"]),
+                    "flags": json.loads(meta.get("flags_json", "[]")),
+                    "running": not info.status.is_terminal(), "status": info.status.value}
+        parent = self.parent_run(job_id)
+        if parent is None or not parent.data.tags.get("run_dir"):
+            raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}, "
+                             "neither in Ray nor in MLflow. List the jobs with "
+                             "`precision-tuner jobs`.")
+        flags = parent.data.tags.get(job_context.TAG_PREFIX + "flags", "-")
+        return {"task": Path(parent.data.params.get("task", "?")).name,
+                "run_root": str(Path(parent.data.tags["run_dir"]).parent), "tune_args": [],
+                "flags": [] if flags == "-" else flags.split(),
+                "running": False, "status": parent.info.status}
+
+    def tuning_jobs(self) -> list:
+        jobs = [j for j in self.jobs.list_jobs()
+                if (j.metadata or {}).get("precision_tuner") == JOB_KIND]
+        return sorted(jobs, key=lambda j: j.start_time or 0)
+
+    def parent_run(self, job_id: str):
+        """The MLflow parent run that ``job_id`` worked on (None before the job opened it)."""
+        experiments = [e.experiment_id for e in self.mlflow.search_experiments(
+            filter_string="name LIKE 'precision-tuner/%'")]
+        if not experiments:
+            return None
+        runs = self.mlflow.search_runs(
+            experiments, filter_string=f"tags.`{job_context.JOB_IDS_TAG}` LIKE '%{job_id}%'",
+            max_results=10)
+        runs = [r for r in runs if job_id in
+                r.data.tags.get(job_context.JOB_IDS_TAG, "").split(",")]
+        return runs[0] if runs else None
+
+    def progress(self, job_id: str) -> dict[str, Any]:
+        """Trials done, the planned number, the best so far and what the job is doing."""
+        parent = self.parent_run(job_id)
+        if parent is None:
+            return {"done": 0, "planned": None, "best": None, "phase": None, "parent": None}
+        children = self.mlflow.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'", max_results=1000)
+        done = [r for r in children if r.info.status in ("FINISHED", "FAILED")]
+        stable = [r for r in done if r.data.tags.get("verdict") == "stable"
+                  and r.data.metrics.get("speedup_vs_float32") is not None
+                  and r.data.tags.get("trial_number") != "0"]
+        best = None
+        if parent.data.tags.get("best_config"):
+            speedup = parent.data.metrics.get("best_speedup_vs_float32")
+            best = parent.data.tags["best_config"] + (f" {speedup:.2f}x" if speedup else "")
+        elif stable:
+            top = max(stable, key=lambda r: r.data.metrics["speedup_vs_float32"])
+            best = (f"#{top.data.tags.get('trial_number')} "
+                    f"{top.data.metrics['speedup_vs_float32']:.2f}x ~")
+        # The plan's budget; once finished, the trials that ran (a small space runs out first).
+        planned = parent.data.metrics.get("trials") or parent.data.params.get("trials")
+        return {"done": len(done), "planned": int(float(planned)) if planned else None,
+                "best": best,
+                "phase": parent.data.tags.get(job_context.PHASE_TAG), "parent": parent}
+
+
+
+# -- what a job runs -------------------------------------------------------------------
+def new_job_id(task_path: Path) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{task_path.stem}-{stamp}-{secrets.token_hex(2)}"
+
+
+
+def entrypoint(*, task_name: str, space_name: str | None, run_root: str, tracking_uri: str,
+               tune_args: list[str], resume: bool) -> str:
+    """The shell command the job runs on the cluster: copy the job's files next to its run
+    directory (so a resubmission finds them at the same path), then ``precision-tuner tune``
+    (``exec``: Ray's stop signal reaches tune itself)."""
+    quote = shlex.quote
+    task_dir = f"{run_root}/task"
+    steps = []
+    if not resume:
+        files = " ".join(quote(name) for name in (task_name, space_name) if name)
+        steps.append(f"mkdir -p {quote(task_dir)} && cp {files} {quote(task_dir)}/")
+    words = ["exec", "precision-tuner", "tune", f"{task_dir}/{task_name}", *tune_args,
+             "--run-dir", f"{run_root}/run", "--ray-address", "auto",
+             "--tracking-uri", tracking_uri, "--out", f"{run_root}/best_precision.json",
+             "--force"]
+    if resume:
+        words.append("--resume")
+    steps.append(" ".join(quote(word) for word in words))
+    return " && ".join(steps)
+
+

@@ -1,0 +1,410 @@
+"""``precision-tuner service start|stop|status``: the team's tuning service.
+
+The service is nothing home-made: a Ray head node with its job server (Ray's dashboard, which
+serves the Job API) and an ``mlflow server`` (SQLite store and artifact root under the service
+directory, artifacts served through it). ``precision-tuner submit`` sends jobs to the first;
+every job logs to the second.
+
+Layout of the service directory::
+
+    DIR/service.json      addresses, ports, process ids (no secrets)
+    DIR/auth_token        the shared secret when bound beyond loopback (mode 0600)
+    DIR/mlflow/           mlflow.db, artifacts/, and for authentication auth.ini and auth.db
+    DIR/jobs/JOB/         each job's task file and run directory (run.json, trials.jsonl, ...)
+    DIR/logs/             ray.log, mlflow.log
+
+Authentication: on loopback (the default) neither end asks for it; bound elsewhere both do.
+Ray's job server uses Ray's token authentication (``RAY_AUTH_MODE=token``, the token in
+``DIR/auth_token``); MLflow runs its ``basic-auth`` app with the user ``precision-tuner``
+and the same token as password. Clients pass the token (``PRECISION_TUNER_TOKEN`` or
+``--token-file``); jobs on the cluster inherit it from the head's environment.
+
+The Ray head runs as ``ray start --head --block`` in its own process group: stopping the
+service ends that group (Ray's own processes end with it), never ``ray stop``, which would
+stop every Ray instance on the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tuner.errors import TunerError, UsageError
+
+SERVICE_FILE = "service.json"
+TOKEN_FILE = "auth_token"
+MLFLOW_USER = "precision-tuner"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+RECORD_JOB = "precision-tuner-service"   # the Ray job whose metadata describes the service
+_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class ServiceInfo:
+    """What ``service.json`` holds: plain data, no secrets."""
+
+    dir: str
+    host: str
+    ray_port: int
+    dashboard_port: int
+    mlflow_port: int
+    auth: bool
+    ray_temp_dir: str
+    ray_pid: int = 0
+    mlflow_pid: int = 0
+    started_at: str = ""
+
+    @property
+    def advertised_host(self) -> str:
+        """The host clients use: the bind address, or this machine's address for 0.0.0.0."""
+        if self.host in ("0.0.0.0", "::", ""):
+            return _primary_address()
+        return self.host
+
+    @property
+    def job_server(self) -> str:
+        return f"http://{self.advertised_host}:{self.dashboard_port}"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"http://{self.advertised_host}:{self.mlflow_port}"
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.advertised_host}:{self.ray_port}"
+
+    def record(self) -> dict[str, str]:
+        """The metadata of the service's record job: what a client needs to know."""
+        return {"precision_tuner": "service", "tracking_uri": self.tracking_uri,
+                "service_dir": self.dir, "auth": "token" if self.auth else "none",
+                "ray_address": self.ray_address}
+
+
+def _primary_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.255.255.255", 1))  # no packet is sent; picks the outgoing address
+            return sock.getsockname()[0]
+        except OSError:
+            return socket.gethostname()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1" if host in ("0.0.0.0", "") else host, port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def read_info(service_dir: Path) -> ServiceInfo | None:
+    path = service_dir / SERVICE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return ServiceInfo(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}. Remove it and run `precision-tuner "
+                         "service start` again.") from None
+
+
+def _write_info(info: ServiceInfo) -> None:
+    from tuner.records.run_store import write_atomic
+
+    write_atomic(Path(info.dir) / SERVICE_FILE, json.dumps(asdict(info), indent=2) + "\n")
+
+
+def running(info: ServiceInfo | None) -> bool:
+    return info is not None and _alive(info.ray_pid) and _alive(info.mlflow_pid)
+
+
+def token_path(service_dir: Path) -> Path:
+    return service_dir / TOKEN_FILE
+
+
+def _ensure_token(service_dir: Path) -> str:
+    """The shared secret, created once, readable by its owner only."""
+    path = token_path(service_dir)
+    if not path.is_file():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    os.chmod(path, 0o600)
+    return path.read_text().strip()
+
+
+def _ray_temp_dir(service_dir: Path) -> str:
+    # Ray's unix sockets live under its temp dir, whose path must stay short.
+    digest = hashlib.sha1(str(service_dir).encode()).hexdigest()[:10]
+    return str(Path(tempfile.gettempdir()) / f"pt-ray-{digest}")
+
+
+def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dict[str, str]:
+    """The head's environment, inherited by every job's entrypoint (``precision-tuner tune``)."""
+    env = {**os.environ}
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")  # jobs find `precision-tuner`
+    env["PRECISION_TUNER_SERVICE_DIR"] = str(service_dir)
+    # Stopping a job sends it SIGINT, which `tune` handles like Ctrl-C (records closed as
+    # killed, the run resumable), and gives it time to close its records before SIGKILL.
+    env["RAY_JOB_STOP_SIGNAL"] = "SIGINT"
+    env["RAY_JOB_STOP_WAIT_TIME_S"] = "60"
+    env.pop("RAY_ADDRESS", None)
+    for name in ("RAY_AUTH_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(name, None)
+    if token is not None:
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN_PATH"] = str(token_path(service_dir))
+        env["MLFLOW_TRACKING_USERNAME"] = MLFLOW_USER
+        env["MLFLOW_TRACKING_PASSWORD"] = token
+    else:
+        env["RAY_AUTH_MODE"] = "disabled"
+        env.pop("RAY_AUTH_TOKEN_PATH", None)
+    return env
+
+
+def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
+          dashboard_port: int = 8265, mlflow_port: int = 5000, num_cpus: int | None = None,
+          auth: bool | None = None, say=print) -> tuple[ServiceInfo, bool]:
+    """Start the Ray head and the MLflow server; ``(info, False)`` when already running."""
+    service_dir = service_dir.resolve()
+    previous = read_info(service_dir)
+    if running(previous):
+        return previous, False
+    if previous is not None and (_alive(previous.ray_pid) or _alive(previous.mlflow_pid)):
+        raise UsageError(f"the service in {str(service_dir)!r} is only partly running (Ray head "
+                         f"pid {previous.ray_pid}, MLflow pid {previous.mlflow_pid}). Run "
+                         f"`precision-tuner service stop --dir {service_dir}`, then start it.")
+    service_dir.mkdir(parents=True, exist_ok=True)
+    auth = host not in LOOPBACK if auth is None else auth
+    for name, port in (("--ray-port", ray_port), ("--dashboard-port", dashboard_port),
+                       ("--mlflow-port", mlflow_port)):
+        if _port_in_use(host, port):
+            raise UsageError(f"port {port} ({name}) on {host} is already in use. Pass another "
+                             f"{name}, or stop what listens there.")
+    for sub in ("jobs", "logs", "mlflow"):
+        (service_dir / sub).mkdir(exist_ok=True)
+    info = ServiceInfo(dir=str(service_dir), host=host, ray_port=ray_port,
+                       dashboard_port=dashboard_port, mlflow_port=mlflow_port, auth=auth,
+                       ray_temp_dir=_ray_temp_dir(service_dir),
+                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    token = _ensure_token(service_dir) if auth else None
+    env = _environment(service_dir, info, token)
+    try:
+        info.mlflow_pid = _start_mlflow(service_dir, info, env, token)
+        info.ray_pid = _start_ray(service_dir, info, env, num_cpus)
+        _write_info(info)
+        _wait_until_up(info, token)
+        _register(info, token)
+    except BaseException:
+        _stop_processes(info)
+        raise
+    return info, True
+
+
+def _start_mlflow(service_dir: Path, info: ServiceInfo, env: dict[str, str],
+                  token: str | None) -> int:
+    store = service_dir / "mlflow"
+    command = [sys.executable, "-m", "mlflow", "server",
+               "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+               "--artifacts-destination", str(store / "artifacts"),
+               "--host", info.host, "--port", str(info.mlflow_port), "--workers", "1"]
+    env = {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("MLFLOW_TRACKING_USERNAME", None)
+    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    if token is not None:
+        config = store / "auth.ini"
+        config.write_text("[mlflow]\ndefault_permission = READ\n"
+                          f"database_uri = sqlite:///{store / 'auth.db'}\n"
+                          f"admin_username = {MLFLOW_USER}\n"
+                          "authorization_function = "
+                          "mlflow.server.auth:authenticate_request_basic_auth\n")
+        os.chmod(config, 0o600)
+        command += ["--app-name", "basic-auth"]
+        env.update(MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_PASSWORD=token,
+                   MLFLOW_FLASK_SERVER_SECRET_KEY=hashlib.sha256(token.encode()).hexdigest())
+    log = open(service_dir / "logs" / "mlflow.log", "ab")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    return process.pid
+
+
+def _start_ray(service_dir: Path, info: ServiceInfo, env: dict[str, str],
+               num_cpus: int | None) -> int:
+    node_ip = "127.0.0.1" if info.host in LOOPBACK else info.advertised_host
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+               "--port", str(info.ray_port), "--node-ip-address", node_ip,
+               "--include-dashboard=true", "--dashboard-host", info.host,
+               "--dashboard-port", str(info.dashboard_port),
+               # Ports with fixed defaults, chosen free so that the service never collides with
+               # another Ray on the same machine.
+               "--ray-client-server-port", str(free_port()),
+               "--dashboard-agent-listen-port", str(free_port()),
+               "--temp-dir", info.ray_temp_dir, "--disable-usage-stats"]
+    if num_cpus:
+        command += ["--num-cpus", str(num_cpus)]
+    log = open(service_dir / "logs" / "ray.log", "ab")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    return process.pid
+
+
+def _wait_until_up(info: ServiceInfo, token: str | None) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    pending = {"Ray job server": f"http://127.0.0.1:{info.dashboard_port}/api/version"
+               if info.host in ("0.0.0.0", "::") else f"{info.job_server}/api/version",
+               "MLflow server": f"http://127.0.0.1:{info.mlflow_port}/health"
+               if info.host in ("0.0.0.0", "::") else f"{info.tracking_uri}/health"}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    while pending:
+        for name, url in list(pending.items()):
+            try:
+                request = urllib.request.Request(url, headers=headers)
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    if response.status == 200:
+                        del pending[name]
+            except OSError:
+                pass
+        for name, pid in (("Ray head", info.ray_pid), ("MLflow server", info.mlflow_pid)):
+            if not _alive(pid):
+                raise TunerError(f"the {name} exited during start-up; see "
+                                 f"{Path(info.dir) / 'logs'}/")
+        if pending and time.monotonic() > deadline:
+            raise TunerError(f"{', '.join(pending)} did not answer within "
+                             f"{_START_TIMEOUT_S:.0f} s; see {Path(info.dir) / 'logs'}/")
+        if pending:
+            time.sleep(0.3)
+
+
+def _register(info: ServiceInfo, token: str | None) -> None:
+    """Describe the service in Ray's own job store: a finished job whose metadata holds the
+    MLflow address and the service directory, so any client that can reach the job server
+    finds the rest (``tuner.service.client.service_record``)."""
+    from tuner.service.client import client_for
+
+    client = client_for(info.job_server, token)
+    client.submit_job(entrypoint="echo precision-tuner service record",
+                      submission_id=RECORD_JOB, metadata=info.record(),
+                      entrypoint_num_cpus=0)
+
+
+def stop(service_dir: Path) -> ServiceInfo | None:
+    """Stop the service's processes (jobs still running end with the cluster)."""
+    info = read_info(service_dir.resolve())
+    if info is None:
+        return None
+    if running(info):
+        _stop_jobs(info)
+    _stop_processes(info)
+    info.ray_pid = info.mlflow_pid = 0
+    _write_info(info)
+    return info
+
+
+def _stop_jobs(info: ServiceInfo, wait_s: float = 90.0) -> list[str]:
+    """Stop the running tuning jobs through Ray first, so each closes its records as on
+    Ctrl-C (and can be resumed) instead of dying with the cluster."""
+    from tuner.service.client import JOB_KIND, client_for
+
+    try:
+        token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
+        client = client_for(info.job_server, token)
+        running_jobs = [j.submission_id for j in client.list_jobs()
+                        if (j.metadata or {}).get("precision_tuner") == JOB_KIND
+                        and not j.status.is_terminal()]
+        for job in running_jobs:
+            client.stop_job(job)
+        deadline = time.monotonic() + wait_s
+        while running_jobs and time.monotonic() < deadline:
+            running_jobs = [j for j in running_jobs
+                            if not client.get_job_status(j).is_terminal()]
+            time.sleep(0.5)
+        return running_jobs
+    except Exception:  # noqa: BLE001 - stopping the service must not depend on its job server
+        return []
+
+
+def _stop_processes(info: ServiceInfo) -> None:
+    """End each process group the service started: SIGTERM, then SIGKILL after a grace."""
+    groups = [pid for pid in (info.mlflow_pid, info.ray_pid) if pid > 0]
+    for pid in groups:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5  # Ray's GCS and raylet may ignore SIGTERM
+    while time.monotonic() < deadline and any(_group_alive(pid) for pid in groups):
+        time.sleep(0.3)
+    for pid in groups:
+        if _group_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+    for pid in groups:  # reap our direct children when this process started them
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def describe(info: ServiceInfo, token_file: Path | None) -> list[str]:
+    """How to reach the service and submit to it."""
+    lines = [f"  Ray job server (jobs, dashboard): {info.job_server}",
+             f"  Ray cluster (add nodes with `ray start --address {info.ray_address}`): "
+             f"{info.ray_address}",
+             f"  MLflow tracking server and UI: {info.tracking_uri}",
+             f"  directory: {info.dir}",
+             "submit a job:",
+             f"  export PRECISION_TUNER_SERVICE={info.job_server}"]
+    if token_file is not None:
+        lines += ["  authentication is on: give the team the token file (readable by you only)",
+                  f"  export PRECISION_TUNER_TOKEN=$(cat {token_file})"]
+    lines.append("  precision-tuner submit my_task.py --trials 12   # then: precision-tuner jobs")
+    return lines

@@ -1,0 +1,110 @@
+"""What a worker process is, for either executor: started once, then runs specs.
+
+The local executor's subprocess starts with ``start_local_worker`` (its log file, an exit when
+its driver dies, the frameworks imported once); a Ray actor is a ``TrialWorker``
+(tuner.execution.ray_pool wraps it in ``ray.remote``), which also sizes TensorFlow's thread
+pools to its share of the node and turns on GPU memory growth. Everything here runs inside the
+TensorFlow process; the driver only names these functions.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from tuner.worker.live import run_live
+from tuner.worker.live_models import keep_only, release
+from tuner.worker.startup import import_frameworks
+from tuner.worker.trial import run_trial
+
+# TensorFlow's C++ logging would otherwise flood the terminal from the worker.
+_WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+
+
+def _exit_with_parent() -> None:
+    """A worker whose driver was killed (SIGKILL leaves no time to clean up) exits too."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def start_local_worker(log_path: str) -> None:
+    """The local executor's subprocess, before its first trial."""
+    os.environ.update(_WORKER_ENV)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    # The worker's stdout/stderr (TensorFlow and Keras chatter, user prints) go to a log file.
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import_frameworks()  # pay the import once, before the first trial
+
+
+def run_for_peak_rss(spec_dict: dict) -> dict:
+    """A trial in this (fresh) process, then the process's peak resident memory."""
+    import resource
+
+    result = run_trial(spec_dict)
+    return {"result": result,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
+          diagnose_steps: int, task_source: str | None = None) -> dict:
+    from tuner.worker.probe import probe_task  # numpy at import
+    from tuner.worker.task_loader import task_file_here
+
+    return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling,
+                      diagnose_steps)
+
+
+def diagnose(task_path: str, steps: int, task_source: str | None = None) -> dict:
+    from tuner.worker.diagnose import diagnose_task  # numpy at import
+    from tuner.worker.task_loader import task_file_here
+
+    return diagnose_task(task_file_here(task_path, task_source), steps)
+
+
+class TrialWorker:
+    """One long-lived worker process: TensorFlow imported once, reused across trials. ``node``
+    names where it runs (recorded with every result)."""
+
+    def __init__(self, threads: int, use_gpu: bool, node: str = "") -> None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import_frameworks()  # before anything else imports TensorFlow: see there
+        import tensorflow as tf
+
+        # Must happen before TensorFlow runs its first op.
+        if use_gpu:
+            for gpu in tf.config.list_physical_devices("GPU"):
+                tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        self._node = node
+
+    def node(self) -> str:
+        return self._node
+
+    def run(self, spec_dict: dict) -> dict:
+        return {**run_trial(spec_dict), "node": self._node}
+
+    def run_live(self, spec_dict: dict) -> dict:
+        return {**run_live(spec_dict), "node": self._node}
+
+    def keep_live_only(self, spec_dicts: list) -> int:
+        return keep_only(spec_dicts)
+
+    def release_live(self) -> int:
+        return release()
+
+    def diagnose(self, task_path: str, task_source: str, steps: int) -> dict:
+        return diagnose(task_path, steps, task_source)
+
+    def probe(self, task_path: str, task_source: str, steps: int,
+              patterns: list[str], ceiling: bool, diagnose_steps: int) -> dict:
+        return probe(task_path, steps, patterns, ceiling, diagnose_steps, task_source)
