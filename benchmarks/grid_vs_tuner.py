@@ -51,7 +51,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_b
 
 # -- the machine -----------------------------------------------------------------------------
 def machine() -> dict:
-    from tuner.run.job import machine_description
+    from tuner.run.closing import machine_description
 
     info = {"cpu": machine_description(), "cpu_flags": [],
             "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}
@@ -160,7 +160,7 @@ def interval(rounds_of: dict[str, list[list[float]]], label: str) -> list[float]
 def noise_only(label: str, rounds: int) -> None:
     """Add the A/A ratio to an existing results file, without re-running the searches."""
     from tuner.apply.config import PrecisionConfig
-    from tuner.search.space import load_space
+    from tuner.search.space_files import load_space
 
     path = RESULTS / f"grid_vs_tuner_{label}.json"
     data = json.loads(path.read_text())
@@ -187,7 +187,7 @@ def describe(config: dict) -> str:
 
 def bench_example(name: str, space: str, rounds: int, work: Path) -> dict:
     from tuner.apply.config import PrecisionConfig
-    from tuner.search.space import load_space
+    from tuner.search.space_files import load_space
 
     task = ROOT / "examples" / f"{name}.py"
     budget = load_space(space).budget

@@ -17,7 +17,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.run.plan import Remeasurement, RunPlan
 from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
-from tuner.search.space import load_space
+from tuner.search.space_files import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 
 

@@ -159,7 +159,7 @@ def test_initial_scale_must_be_above_the_floor():
 
 
 def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(tmp_path):
-    from tuner.search.space import load_space
+    from tuner.search.space_files import load_space
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("loss_scale: {kinds: [dynamic], initial_scales: [1], floor: 1}\n")

@@ -1,7 +1,8 @@
 import pickle
 
 from tuner.run.task_file import check_task_file
-from tuner.records.mlflow_records import config_params, redact_uri
+from tuner.records.mlflow_stores import redact_uri
+from tuner.records.mlflow_text import config_params
 from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec

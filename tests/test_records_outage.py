@@ -1,7 +1,7 @@
 """MLflow failing mid-run: the trials go on, trials.jsonl has every one, the loss is stated."""
 
 from tuner.apply.config import PrecisionConfig
-from tuner.run.job import _Records
+from tuner.run.trial_records import TrialRecorder as _Records
 from tuner.records.results import TrialRow
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown

@@ -15,7 +15,7 @@ from tuner import job_context
 from tuner.service import client as jobs
 from tuner.cli import jobs as job_commands
 from tuner.service import server as service
-from tuner.cli.main import build_parser, main
+from tuner.cli.app import build_parser, main
 
 
 def run_cli(*args, env=None):
@@ -161,7 +161,8 @@ def test_service_status_and_stop_when_nothing_runs(tmp_path):
 def test_experiments_open_in_the_model_training_layout(tmp_path):
     from mlflow import MlflowClient
 
-    from tuner.records.mlflow_records import Tracker, default_tracking_uri
+    from tuner.records.mlflow_records import Tracker
+    from tuner.records.mlflow_stores import default_tracking_uri
 
     uri = default_tracking_uri(tmp_path)
     Tracker(uri, tmp_path, "precision-tuner/new")
@@ -176,7 +177,7 @@ def test_experiments_open_in_the_model_training_layout(tmp_path):
 
 def test_trial_names_and_the_summary_table_show_verdict_speedup_and_median():
     from tuner.apply.config import PrecisionConfig
-    from tuner.records.mlflow_records import table_html, trial_run_name
+    from tuner.records.mlflow_text import table_html, trial_run_name
 
     config = PrecisionConfig.from_dict({"policy": "mixed_bfloat16"})
     assert trial_run_name(number=3, config=config, verdict="stable", speedup=1.4234,

@@ -1,7 +1,7 @@
 import pytest
 
 from tuner.errors import SearchSpaceError
-from tuner.search.space import builtin_space_names, load_space
+from tuner.search.space_files import builtin_space_names, load_space
 
 
 class FirstChoice:

@@ -59,8 +59,12 @@ def _imports(path: Path) -> list[tuple[str, bool, int]]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names
-                                     if f"{node.module}.{alias.name}" in MODULES]
+            submodules = [f"{node.module}.{alias.name}" for alias in node.names
+                          if f"{node.module}.{alias.name}" in MODULES]
+            # `from package import submodule` imports the submodule (and runs the package's
+            # __init__, which must then not import back: checked as its own module).
+            names = submodules if len(submodules) == len(node.names) else \
+                [node.module] + submodules
         for name in names:
             found.append((name, id(node) in top, node.lineno))
     return found

@@ -4,7 +4,7 @@ catches MLflow up with what trials.jsonl has."""
 import threading
 
 from tuner.apply.config import PrecisionConfig
-from tuner.run.job import _Records
+from tuner.run.trial_records import TrialRecorder as _Records
 from tuner.records.results import TrialRow
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown

@@ -13,7 +13,8 @@ Public API::
 
 from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import (ConfigError, SearchSpaceError, TaskError, TunerError, UsageError)
-from tuner.search.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace
+from tuner.search.space_files import load_space
 
 __version__ = "0.1.0"
 

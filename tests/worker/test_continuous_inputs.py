@@ -148,7 +148,7 @@ def test_the_plan_carries_them_into_every_trial_spec(geo_diagnostics, tmp_path):
 
     from tuner.run.plan import RunPlan
     from tuner.run.trial_loop import make_spec
-    from tuner.search.space import load_space
+    from tuner.search.space_files import load_space
 
     space = load_space("quick")
     plan = RunPlan(task_path=Path(GEO), run_dir=tmp_path, space=space, space_ref="quick",

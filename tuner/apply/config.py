@@ -12,6 +12,9 @@ On disk (JSON or YAML)::
      "epsilon": {"backend": null, "optimizer": 0.0001},
      "float32": {"groups": ["softmax"], "layers": []},
      "provenance": {...}}          # optional, informative only
+
+Past 300 lines: the artifact's parts (loss scale, epsilon, float32 placement, the config and
+its files) are one schema, each validating itself with its own messages; they change together.
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ and a ``Wrapper`` (``TimeDistributed``) whose inner layer is selected is placed 
 wrapper runs its inner layer's ``call`` directly, under its own autocast scope, which would read
 the inner layer's float32 weights as 16-bit and skip the cast of its inputs. A layer given an
 explicit dtype other than the config's policy keeps what the user (or a parent layer) chose.
+
+Past 300 lines: the placement is one mechanism (the two patches, the island, the groups'
+selection, the report); its parts only make sense together.
 """
 
 from __future__ import annotations

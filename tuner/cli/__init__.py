@@ -1,8 +1,10 @@
-"""``precision-tuner``: the argument parser and ``tune`` (``main``), the small commands
-(``commands``), the service commands (``service_commands``) and the live progress bar
-(``progress``). The top of the stack: it may import anything, nothing imports it.
+"""``precision-tuner``: the argument parser and dispatch (``app``, whose ``main`` is the console
+script), the ``tune`` command (``tune``), the small commands (``commands``), the service's job
+commands (``jobs``) and its start/stop (``service_commands``), the option types
+(``arguments``) and the live progress bar (``progress``). The top of the stack: it may import
+anything, nothing imports it.
 """
 
-from tuner.cli.main import main
+from tuner.cli.app import main
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is in tuner.cli.main)."""
+"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is tuner.cli.tune)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import sys
 from pathlib import Path
 
 from tuner.errors import UsageError
+from tuner.apply.config import PrecisionConfig
+from tuner.cli.jobs import ui_links
+from tuner.execution.local import LocalProcessExecutor
+from tuner.records.diagnostics_report import print_table
+from tuner.records.mlflow_stores import default_tracking_uri, ui_paths
+from tuner.records.run_store import RunStore
+from tuner.run.task_file import check_task_file
+from tuner.search.space_files import builtin_space_names, load_space
 
 
 def export(args) -> int:
-    from tuner.apply.config import PrecisionConfig
-
     source = args.run_dir / "best_precision.json"
     if not args.run_dir.is_dir():
         raise UsageError(f"run directory not found: {str(args.run_dir)!r}. Pass the --run-dir of "
@@ -38,10 +44,8 @@ def ui(args) -> int:
     import os
     import subprocess
 
-    from tuner.records.mlflow_records import default_tracking_uri
 
     if args.run_dir is None:  # a service's UI (--service or PRECISION_TUNER_SERVICE)
-        from tuner.cli.jobs import ui_links
 
         return ui_links(args)
     store = args.run_dir / "mlflow.db"
@@ -66,9 +70,6 @@ def ui(args) -> int:
 
 
 def _ui_links(run_dir: Path, uri: str) -> dict[str, str]:
-    from tuner.records.run_store import RunStore
-    from tuner.records.mlflow_records import ui_paths
-
     try:
         run = RunStore(run_dir).read_run()
     except Exception:  # an unreadable run.json must not keep the UI from starting
@@ -80,10 +81,6 @@ def diagnose(args) -> int:
     import json
 
     from rich.console import Console
-
-    from tuner.records.diagnostics_report import print_table
-    from tuner.execution.local import LocalProcessExecutor
-    from tuner.run.task_file import check_task_file
 
     task_path = check_task_file(args.task)
     if args.json is not None and args.json.exists():
@@ -101,8 +98,6 @@ def diagnose(args) -> int:
 
 
 def spaces(args) -> int:
-    from tuner.search.space import builtin_space_names, load_space
-
     for name in builtin_space_names():
         space = load_space(name)
         print(f"{name:10} {space.size():5} configs, {space.trials:3} trials  "

@@ -23,7 +23,13 @@ JOB_KIND = "job"
 
 
 
-from tuner.service.client import JOB_KIND, Service, entrypoint, new_job_id
+from tuner.service.client import Service, entrypoint, new_job_id
+from tuner.service.contract import JOB_KIND
+from tuner.apply.config import PrecisionConfig
+from tuner.cli.tune import flags_from
+from tuner.records.mlflow_stores import TRIALS_QUERY
+from tuner.run.plan import resolve
+from tuner.run.task_file import check_task_file
 
 # tune flags that a job passes on as given (the rest -- run directory, tracking, Ray address,
 # output -- are the service's business).
@@ -52,15 +58,11 @@ def check_submission(args) -> tuple[Path, Path | None]:
     one-line messages, exit code 2. Returns the task file and the space file (if a file)."""
     import argparse
 
-    from tuner.cli.main import _flags
-    from tuner.run.plan import resolve
-    from tuner.run.task_file import check_task_file
-
     task_path = check_task_file(args.task)
     if args.resume_job:
         return task_path, None
     # The very flags tune would resolve (the run directory and tracking are the service's).
-    resolve(_flags(argparse.Namespace(**{**vars(args), "run_dir": Path("."),
+    resolve(flags_from(argparse.Namespace(**{**vars(args), "run_dir": Path("."),
                                          "tracking_uri": None}), task_path), None)
     space_file = None
     if args.space and (args.space.endswith((".yaml", ".yml")) or os.sep in args.space):
@@ -240,8 +242,6 @@ def stop(args) -> int:
 
 def fetch(args) -> int:
     """Download the job's exported config from MLflow (works after the job ended, anywhere)."""
-    from tuner.apply.config import PrecisionConfig
-
     if args.out.exists() and not args.force:
         raise UsageError(f"--out {str(args.out)!r} already exists. Pass --force to overwrite it,"
                          " or choose another --out.")
@@ -275,7 +275,6 @@ def ui_links(args) -> int:
     """The service's MLflow UI: one experiment per task, runs tagged with their job id."""
     import webbrowser
 
-    from tuner.records.mlflow_records import TRIALS_QUERY
 
     service = Service(args)
     base = service.tracking_uri
@@ -290,4 +289,3 @@ def ui_links(args) -> int:
         except Exception:  # noqa: BLE001 - no browser here: the links are printed
             pass
     return 0
-

@@ -1,10 +1,11 @@
-"""``precision-tuner service start|stop|status``: what the user sees (tuner.service.server does it)."""
+"""``precision-tuner service start|stop|status``: what the user sees (tuner.service.server acts)."""
 
 from __future__ import annotations
 
 import time
 
 from tuner.service import server as service
+from tuner.service.contract import JOB_KIND, client_for
 
 
 def run(args) -> int:
@@ -52,8 +53,6 @@ def _status(args) -> int:
                                  if info.auth else None)[:4]:
         print(line)
     try:
-        from tuner.service.client import JOB_KIND, client_for
-
         token = service.token_path(args.dir.resolve()).read_text().strip() if info.auth \
             else None
         jobs = [j for j in client_for(info.job_server, token).list_jobs()

@@ -10,6 +10,9 @@
   ``exclusive_timing=False``. The finalists are re-measured in ``exclusive()``: one actor
   inside a placement group that reserves a whole node, so no other Ray work shares it
   (``exclusive()``); a crash there costs that run only, the session goes on on a fresh actor.
+
+Past 300 lines: the actor pool, its exclusive sessions (placement groups) and the handling of
+lost nodes and hung actors share the slots' bookkeeping.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageE
 from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.worker.process import TrialWorker
+from tuner.execution.watchdog import share_fate
 
 _PLACEMENT_TIMEOUT_S = 120.0
 _ACTOR_START_TIMEOUT_S = 600.0
@@ -86,8 +90,6 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if address is None:
-                    from tuner.execution.watchdog import share_fate
-
                     # A driver killed without ray.shutdown() takes the Ray it started along.
                     self._fate = share_fate()
                     # "local": a new instance of our own, even where `ray start` left a

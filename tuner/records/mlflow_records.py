@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.parse
+
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -17,6 +17,10 @@ from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate
 from tuner.trial_types import TrialResult
 from tuner.judging.verdict import Judgement
+from tuner.records.diagnostics_report import markdown
+from tuner.records.mlflow_text import (SUMMARY_TABLE, config_params, placement_text, table_html,
+                                       trial_run_name, validation_metrics)
+from tuner.records.timing import describe_ceiling
 
 _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 
@@ -24,171 +28,6 @@ _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 # where none of our metrics show; "custom_model_development" is the model-training layout.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
-
-
-def default_tracking_uri(run_dir: Path) -> str:
-    return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
-
-
-class StagedStores:
-    """Empty MLflow and Optuna SQLite stores, created in a thread while the job starts up.
-
-    Creating them (importing MLflow and Optuna, migrating each database's schema) took 3 s of
-    a 30 s job on this project's machine, and nothing else waits on it. They are made in a
-    temporary folder, because nothing may be written to the run directory before the task is
-    checked, and moved there (``move_into``) once it is. Only for a new run with the default
-    (SQLite) tracking: a failure here only costs that time, the job creates them itself.
-    """
-
-    NAMES = ("mlflow.db", "optuna.db")
-
-    def __init__(self) -> None:
-        import tempfile
-        import threading
-
-        self.folder = Path(tempfile.mkdtemp(prefix="precision-tuner-stores-"))
-        self._thread = threading.Thread(target=self._create, daemon=True)
-        self._thread.start()
-
-    def _create(self) -> None:
-        try:
-            from mlflow import MlflowClient
-            import optuna
-
-            for name in ("mlflow", "alembic"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}").search_experiments()
-            optuna.storages.RDBStorage(f"sqlite:///{self.folder / 'optuna.db'}")
-        except Exception:  # noqa: BLE001 - the job creates its stores itself then
-            for name in self.NAMES:
-                (self.folder / name).unlink(missing_ok=True)
-
-    def move_into(self, run_dir: Path) -> None:
-        """Wait for the stores and move them into ``run_dir`` (a new run's, still empty)."""
-        import shutil
-
-        self._thread.join()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if all((self.folder / name).exists() for name in self.NAMES) and \
-                not any((run_dir / name).exists() for name in self.NAMES):
-            for name in self.NAMES:
-                shutil.move(str(self.folder / name), str(run_dir / name))
-        self.discard()
-
-    def discard(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def redact_uri(uri: str) -> str:
-    """Hide credentials (``user:password@``) in a tracking URI before printing or logging it."""
-    parts = urllib.parse.urlsplit(uri)
-    if not (parts.username or parts.password):
-        return uri
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
-
-
-# Fastest first (which also lists the trials flat), in MLflow's model-training side bar
-# (``workflowType``; without it MLflow 3 shows its GenAI one).
-TRIALS_QUERY = ("orderByKey=metrics.%60speedup_vs_float32%60&orderByAsc=false"
-                "&workflowType=machine_learning")
-
-
-def ui_paths(tracking_uri: str, experiment_name: str,
-             parent_run_id: str | None) -> dict[str, str]:
-    """Deep links (relative to the UI's address) to a run's trials and its best config.
-
-    The trials link sorts by ``speedup_vs_float32``, which also lists the child runs flat instead
-    of folded under the tuning job. Empty when the experiment is not in the store.
-    """
-    from mlflow import MlflowClient
-
-    experiment = MlflowClient(tracking_uri).get_experiment_by_name(experiment_name)
-    if experiment is None:
-        return {}
-    runs = f"#/experiments/{experiment.experiment_id}/runs"
-    links = {"trials, fastest first": f"{runs}?{TRIALS_QUERY}"}
-    if parent_run_id:
-        links["summary table"] = f"{runs}/{parent_run_id}/artifacts/{SUMMARY_TABLE}"
-        links["best config and plots"] = f"{runs}/{parent_run_id}/artifacts"
-    return links
-
-
-def config_params(config: PrecisionConfig) -> dict[str, str]:
-    """Every config field as a flat MLflow param (``loss_scale.kind`` -> ``dynamic``)."""
-    flat: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, inner)
-        elif isinstance(value, list):
-            flat[prefix] = ",".join(map(str, value)) or "-"
-        else:
-            flat[prefix] = "-" if value is None else str(value)
-
-    data = config.to_dict()
-    data.pop("provenance", None)
-    walk("", data)
-    return flat
-
-
-def validation_metrics(validation: dict[str, Any] | None) -> dict[str, float]:
-    """``val_loss`` and ``val_<metric>`` of a trial's evaluation (tuner.worker.validation)."""
-    if not validation or "loss" not in validation:
-        return {}
-    metrics = {"val_loss": validation["loss"]}
-    metrics.update({f"val_{name}": value for name, value in validation["metrics"].items()})
-    return metrics
-
-
-def placement_text(placed: dict[str, Any]) -> str:
-    """``softmax: dense_2, attn/softmax; block_*: block_1`` (or ``-`` when nothing is placed)."""
-    parts = [f"{name}: {', '.join(paths) or 'no layer'}"
-             for kind in ("groups", "layers") for name, paths in placed.get(kind, {}).items()]
-    return "; ".join(parts) or "-"
-
-
-SUMMARY_TABLE = "summary.html"
-
-
-def trial_run_name(*, number: int, config: PrecisionConfig, verdict: str,
-                   speedup: float | None, median_ms: float | None) -> str:
-    """``#4 stable 1.42x 12.3 ms · mixed_bfloat16 · f32: softmax``: the figures first, where the
-    runs table's narrow name column still shows them."""
-    figures = [verdict]
-    if speedup is not None:
-        figures.append(f"{speedup:.2f}x")
-    if median_ms is not None:
-        figures.append(f"{median_ms:.3g} ms")
-    return f"#{number} {' '.join(figures)} · {config.describe()}"[:250]
-
-
-def table_html(table: dict[str, list]) -> str:
-    """A self-contained HTML table (MLflow's artifact view renders HTML files)."""
-    import html
-
-    columns = list(table)
-    count = max((len(values) for values in table.values()), default=0)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(table[c][i]))}</td>" for c in columns)
-        + "</tr>" for i in range(count))
-    return ("<!doctype html><meta charset='utf-8'><style>table{border-collapse:collapse;"
-            "font:13px sans-serif}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-            f"</style><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 class Tracker:
@@ -260,8 +99,6 @@ class Tracker:
 
     def log_ceiling(self, ceiling: dict[str, Any]) -> None:
         """Each precision's speed on the trial device, the limit the picks are read against."""
-        from tuner.records.timing import describe_ceiling
-
         assert self.parent_id is not None
         self._log_metrics(self.parent_id, [(f"ceiling_{dtype}", speed)
                                            for dtype, speed in ceiling["speed"].items()])
@@ -286,8 +123,6 @@ class Tracker:
             self.client.log_artifact(self.parent_id, str(path), "plots")
 
     def log_diagnostics(self, diagnostics: dict[str, Any]) -> None:
-        from tuner.records.diagnostics_report import markdown
-
         assert self.parent_id is not None
         self.client.log_dict(self.parent_id, diagnostics, "diagnostics.json")
         self.client.log_text(self.parent_id, markdown(diagnostics), "diagnostics.md")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from tuner.judging.objective import Point, pareto_front
 
 if TYPE_CHECKING:
     from tuner.records.results import TuneSummary
@@ -59,8 +60,6 @@ def speed_vs_stability(summary: "TuneSummary", path: Path) -> Path | None:
 
 def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
     """Step time against training memory for the stable trials, the Pareto front joined."""
-    from tuner.judging.objective import Point, pareto_front
-
     points = [Point(r.number, r.config, r.judgement.median_step_ms,
                     int(r.result.training_memory["total_bytes"]))
               for r in summary.rows if r.judgement.stable and r.judgement.median_step_ms

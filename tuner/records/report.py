@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner.records.timing import describe_ceiling
+from tuner.records.mlflow_text import placement_text
 
 if TYPE_CHECKING:
     from tuner.records.results import TuneSummary
@@ -89,8 +90,6 @@ def headline(summary: "TuneSummary") -> list[str]:
         lines.append(f"decision: {summary.decision}")
         if summary.best.placed and summary.best_config and \
                 (summary.best_config.float32.groups or summary.best_config.float32.layers):
-            from tuner.records.mlflow_records import placement_text
-
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
     lines += summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]

@@ -22,11 +22,14 @@ Pure driver code: the runs go through the executor's exclusive session; no Tenso
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tuner.judging.decision import decide
+from tuner.judging.noise import SpeedupEstimate
 from tuner.trial_types import TrialOutcome, TrialResult
 from tuner.judging.verdict import LEVEL_ALLOWANCE, NOISE_SIGMAS, standard_error, validation_gap
 
@@ -193,3 +196,30 @@ def _final_gap(outcome: Confirmation) -> str:
     last = outcome.checkpoints[-1]
     gap = validation_gap(last.pick, last.float32)
     return f"at step {last.step}, {gap}" if gap else ""
+
+
+def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows: dict, *,
+                 min_gain: float, rounds: int):
+    """Confirm ``outcome``'s pick (a ``tuner.run.remeasure.Remeasured``); while one fails, the
+    decision is taken again without it (``candidates``: the re-measured finalists), at most
+    ``MAX_ATTEMPTS`` configs, else float32 (``baseline``). Returns ``outcome``, updated."""
+    if outcome.winner is baseline or not confirmer.budget.enabled:
+        outcome.confirm_skipped = not confirmer.budget.enabled
+        return outcome
+    rejected: list[str] = []
+    while outcome.winner is not baseline:
+        confirmation = confirmer.confirm(baseline, outcome.winner)
+        outcome.confirmations.append(confirmation)
+        if confirmation.passed:
+            return outcome
+        rejected.append(f"#{confirmation.trial} failed its confirmation "
+                        f"({confirmation.reason})")
+        tried = {done.trial for done in outcome.confirmations}
+        left = [c for c in candidates if c.number not in tried] \
+            if len(outcome.confirmations) < MAX_ATTEMPTS else []
+        decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds)
+        outcome.decision = dataclasses.replace(
+            decision, explanation="; ".join(rejected) + "; then: " + decision.explanation)
+        outcome.winner = rows[decision.winner]
+    baseline.estimate = SpeedupEstimate.identity(rounds)
+    return outcome

@@ -19,7 +19,8 @@ from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
-from tuner.search.space import MIN_TIMED_STEPS, SearchSpace, load_space
+from tuner.search.space import MIN_TIMED_STEPS, SearchSpace
+from tuner.search.space_files import load_space
 from tuner.search.space_files import looks_like_path
 from tuner.records.timing import CANNOT_WIN_BELOW
 

@@ -22,10 +22,7 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session continues on a fresh worker (which builds its models again).
 
-The winner is then decided by ``tuner.judging.decision.decide`` on the intervals, and, while the
-session still holds the live models, confirmed by a longer training against float32
-(``tuner.run.confirm``): a pick that trains to a worse model gives way to the next the decision
-would pick, else to float32.
+Then ``tuner.judging.decision.decide`` names the winner, and ``tuner.run.confirm`` confirms it.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
-from tuner.run.confirm import MAX_ATTEMPTS, Confirmation, Confirmer
+from tuner.run.confirm import Confirmation, Confirmer, confirm_pick
 from tuner.judging.decision import Candidate, Decision, decide
 from tuner.errors import TunerError
 from tuner.judging.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
@@ -187,37 +184,16 @@ class _Rounds:
 
     def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
         """The pick, and the next ones if it fails, trained on against float32 before export."""
-        budget = self.plan.confirm
-        if outcome.winner is self.baseline or not budget.enabled:
-            outcome.confirm_skipped = not budget.enabled
-            return outcome
         def run(row: TrialRow, train_to: int) -> TrialResult:
             spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
                                        validate=True, train_to=train_to)
             return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
                                           phase="confirmation")
 
-        confirmer = Confirmer(run, budget, self.plan.steps, self.scheduler.progress)
-        rows = {r.number: r for r in self.scheduler.rows}
-        rejected: list[str] = []
-        while outcome.winner is not self.baseline:
-            confirmation = confirmer.confirm(self.baseline, outcome.winner)
-            outcome.confirmations.append(confirmation)
-            if confirmation.passed:
-                return outcome
-            rejected.append(f"#{confirmation.trial} failed its confirmation "
-                            f"({confirmation.reason})")
-            left = [c for c in self.candidates
-                    if c.number not in {done.trial for done in outcome.confirmations}]
-            if len(outcome.confirmations) >= MAX_ATTEMPTS:
-                left = []
-            decision = decide(self.baseline.number, left, min_gain=self.plan.min_gain,
-                              baseline_rounds=rounds)
-            outcome.decision = dataclasses.replace(
-                decision, explanation="; ".join(rejected) + "; then: " + decision.explanation)
-            outcome.winner = rows[decision.winner]
-        self.baseline.estimate = SpeedupEstimate.identity(rounds)
-        return outcome
+        confirmer = Confirmer(run, self.plan.confirm, self.plan.steps, self.scheduler.progress)
+        return confirm_pick(outcome, confirmer, self.baseline, self.candidates,
+                            {r.number: r for r in self.scheduler.rows},
+                            min_gain=self.plan.min_gain, rounds=rounds)
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and

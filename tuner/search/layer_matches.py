@@ -70,5 +70,3 @@ def no_layer_message(source: str, pattern: str, matches: Mapping[str, Any]) -> s
         f"the model's layers are: {', '.join(paths[:8])}{', ...' if len(paths) > 8 else ''}"
     return (f"{source}: float32.layers pattern {pattern!r} matches no layer of the model; "
             f"{hint}. Use a layer name or path (glob patterns allowed), or remove the pattern.")
-
-

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
                           PrecisionConfig, compute_dtype_of)
 from tuner.errors import SearchSpaceError
-from tuner.search.layer_matches import effective_placement, group_paths, no_layer_message, pattern_paths, \
-    placed_layers
+from tuner.search.layer_matches import (effective_placement, group_paths, no_layer_message,
+                                        pattern_paths, placed_layers)
 
 MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
 
-__all__ = ["SearchSpace", "TrialBudget", "Suggester", "load_space", "builtin_space_names",
+__all__ = ["SearchSpace", "TrialBudget", "Suggester",
            "effective_placement", "placed_layers"]
 
 
@@ -245,18 +244,3 @@ class SearchSpace:
                    * (len(self.weight_updates) if policy in PURE_POLICIES else 1)
                    * (switches if policy != "float32" else 1)
                    for policy in self.policies)
-
-
-
-
-def load_space(name_or_path: str | Path) -> SearchSpace:
-    """Load a search space by built-in name (``quick``) or by path to a YAML file."""
-    from tuner.search.space_files import load_space as load
-
-    return load(name_or_path)
-
-
-def builtin_space_names() -> list[str]:
-    from tuner.search.space_files import builtin_space_names as names
-
-    return names()

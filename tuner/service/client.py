@@ -28,11 +28,8 @@ from typing import Any
 
 from tuner import job_context
 from tuner.errors import UsageError, first_line
-
-SERVICE_ENV = "PRECISION_TUNER_SERVICE"
-TOKEN_ENV = "PRECISION_TUNER_TOKEN"
-JOB_KIND = "job"
-
+from tuner.service.contract import (JOB_KIND, MLFLOW_USER, RECORD_JOB, SERVICE_ENV, TOKEN_ENV,
+                                    client_for)
 
 
 # -- connecting ----------------------------------------------------------------------------
@@ -58,33 +55,6 @@ def service_token(args) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def client_for(address: str, token: str | None):
-    """A ``JobSubmissionClient`` for the service, with the bearer token when there is one."""
-    import logging
-
-    from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
-
-    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    try:
-        return JobSubmissionClient(address, headers=headers)
-    except AuthenticationError as exc:
-        raise UsageError(_refused(address, exc, token)) from None
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"cannot reach the service at --service {address}: {first_line(exc)}."
-                         " Start it (`precision-tuner service start`) or fix the address.") \
-            from None
-
-
-def _refused(address: str, exc: BaseException, token: str | None) -> str:
-    why = "the token was not accepted" if token else "it requires authentication"
-    return (f"the service at --service {address} refused the request: {why} "
-            f"({first_line(exc, 80)}). Set {TOKEN_ENV} to the service's token, or pass "
-            "--token-file DIR/auth_token")
-
-
 class Service:
     """One connection to the service: Ray's job client and the MLflow client."""
 
@@ -97,8 +67,6 @@ class Service:
         self._mlflow = None
 
     def _record(self) -> dict[str, str]:
-        from tuner.service.server import RECORD_JOB
-
         try:
             info = self.jobs.get_job_info(RECORD_JOB)
         except Exception as exc:  # noqa: BLE001 - Ray raises RuntimeError for "not found"
@@ -113,8 +81,6 @@ class Service:
             import logging
 
             if self.token and not os.environ.get("MLFLOW_TRACKING_PASSWORD"):
-                from tuner.service.server import MLFLOW_USER
-
                 os.environ["MLFLOW_TRACKING_USERNAME"] = MLFLOW_USER
                 os.environ["MLFLOW_TRACKING_PASSWORD"] = self.token
             from mlflow import MlflowClient
@@ -206,12 +172,10 @@ class Service:
                 "phase": parent.data.tags.get(job_context.PHASE_TAG), "parent": parent}
 
 
-
 # -- what a job runs -------------------------------------------------------------------
 def new_job_id(task_path: Path) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{task_path.stem}-{stamp}-{secrets.token_hex(2)}"
-
 
 
 def entrypoint(*, task_name: str, space_name: str | None, run_root: str, tracking_uri: str,
@@ -233,5 +197,3 @@ def entrypoint(*, task_name: str, space_name: str | None, run_root: str, trackin
         words.append("--resume")
     steps.append(" ".join(quote(word) for word in words))
     return " && ".join(steps)
-
-

@@ -22,6 +22,9 @@ and the same token as password. Clients pass the token (``PRECISION_TUNER_TOKEN`
 The Ray head runs as ``ray start --head --block`` in its own process group: stopping the
 service ends that group (Ray's own processes end with it), never ``ray stop``, which would
 stop every Ray instance on the machine.
+
+Past 300 lines: starting, watching and stopping the service's two processes (the Ray head and
+MLflow) and its record in Ray's job store all work on the one ``ServiceInfo``.
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
+from tuner.records.run_store import write_atomic
+from tuner.service.contract import JOB_KIND, MLFLOW_USER, RECORD_JOB, client_for
 
 SERVICE_FILE = "service.json"
 TOKEN_FILE = "auth_token"
-MLFLOW_USER = "precision-tuner"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-RECORD_JOB = "precision-tuner-service"   # the Ray job whose metadata describes the service
 _START_TIMEOUT_S = 120.0
 
 
@@ -139,8 +142,6 @@ def read_info(service_dir: Path) -> ServiceInfo | None:
 
 
 def _write_info(info: ServiceInfo) -> None:
-    from tuner.records.run_store import write_atomic
-
     write_atomic(Path(info.dir) / SERVICE_FILE, json.dumps(asdict(info), indent=2) + "\n")
 
 
@@ -312,8 +313,6 @@ def _register(info: ServiceInfo, token: str | None) -> None:
     """Describe the service in Ray's own job store: a finished job whose metadata holds the
     MLflow address and the service directory, so any client that can reach the job server
     finds the rest (``tuner.service.client.service_record``)."""
-    from tuner.service.client import client_for
-
     client = client_for(info.job_server, token)
     client.submit_job(entrypoint="echo precision-tuner service record",
                       submission_id=RECORD_JOB, metadata=info.record(),
@@ -336,8 +335,6 @@ def stop(service_dir: Path) -> ServiceInfo | None:
 def _stop_jobs(info: ServiceInfo, wait_s: float = 90.0) -> list[str]:
     """Stop the running tuning jobs through Ray first, so each closes its records as on
     Ctrl-C (and can be resumed) instead of dying with the cluster."""
-    from tuner.service.client import JOB_KIND, client_for
-
     try:
         token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
         client = client_for(info.job_server, token)

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 import numpy as np
+from tuner.worker.trial import reset_keras_state
 
 FLOAT16_MAX = 65504.0
 FLOAT16_MIN_NORMAL = 2.0**-14
@@ -101,11 +102,29 @@ def _candidates(layers: list[dict[str, Any]], rounded_inputs: list[str]) -> list
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
     from tuner.worker.task_loader import fixed_batches, load_task
-    from tuner.worker.trial import reset_keras_state
-
     reset_keras_state(seed)
     task = load_task(task_path)
     return diagnose_model(task, task.build_model(), fixed_batches(task, max(steps, 1)), steps)
+
+
+def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
+                 activation_grads: list, weights: list, weight_grads: list) -> None:
+    """Merge one step's activations, their gradients and the weight gradients into
+    ``records`` (by layer path, first seen first in ``order``)."""
+    for (name, layer, tensor), gradient in zip(captured, activation_grads):
+        record = records.setdefault(name, {"layer": name, "class": type(layer).__name__,
+                                           "activation": None, "gradient": None,
+                                           "weight_gradient": None})
+        if name not in order:
+            order.append(name)
+        record["activation"] = _merge(record["activation"], tensor_stats(tensor))
+        record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
+    owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
+    for weight, gradient in zip(weights, weight_grads):
+        name = owners.get(id(weight))
+        if name is not None and gradient is not None:
+            records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
+                                                      tensor_stats(gradient))
 
 
 def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
@@ -150,21 +169,8 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
         weights = model.trainable_weights
         gradients = tape.gradient(loss, tensors + weights,
                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        activation_grads, weight_grads = gradients[:len(tensors)], gradients[len(tensors):]
-        for (name, layer, tensor), gradient in zip(captured, activation_grads):
-            record = records.setdefault(name, {"layer": name, "class": type(layer).__name__,
-                                               "activation": None, "gradient": None,
-                                               "weight_gradient": None})
-            if name not in order:
-                order.append(name)
-            record["activation"] = _merge(record["activation"], tensor_stats(tensor))
-            record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
-        owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
-        for weight, gradient in zip(weights, weight_grads):
-            name = owners.get(id(weight))
-            if name is not None and gradient is not None:
-                records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
-                                                          tensor_stats(gradient))
+        weight_grads = gradients[len(tensors):]
+        _record_step(records, order, captured, gradients[:len(tensors)], weights, weight_grads)
         model.optimizer.apply(weight_grads, weights)
     layers = [records[name] for name in order]
     for layer in layers:

@@ -72,4 +72,3 @@ def _validate(live: LiveModel, spec: TrialSpec) -> dict:
     # In the config's scope: Keras reads the epsilon when it traces the evaluation step.
     with PrecisionConfig.from_dict(spec.config).scope():
         return validate(live.task, live.model, spec.batch_pool or spec.steps)
-

@@ -25,11 +25,14 @@ class LiveModel:
 
 LIVE: dict[str, LiveModel] = {}
 
+
 def key_of(spec: TrialSpec) -> str:
     return json.dumps([spec.task_path, spec.config, spec.seed], sort_keys=True)
 
+
 def keep(spec: TrialSpec, model, optimizer, batches, task=None, trained: int = 0) -> None:
     LIVE[key_of(spec)] = LiveModel(model, optimizer, batches, task, trained)
+
 
 def keep_only(spec_dicts: list[dict]) -> int:
     """Drop every live model but those of these specs' configs; returns how many are left."""
@@ -38,6 +41,7 @@ def keep_only(spec_dicts: list[dict]) -> int:
         del LIVE[key]
     gc.collect()
     return len(LIVE)
+
 
 def release() -> int:
     """Drop every live model; returns how many there were."""

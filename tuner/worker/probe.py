@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from tuner.apply.config import PrecisionConfig
-from tuner.errors import TaskError
+from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
+from tuner.errors import TaskError, describe, first_line
 from tuner.worker.trial import batch_size_of, reset_keras_state
+from tuner.worker.ceiling import measure_ceiling
 
 
 def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
@@ -33,7 +34,6 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import keras
     import tensorflow as tf
 
-    from tuner.apply.config import FLOAT32_GROUPS
     from tuner.apply.scope import float32_matches
     from tuner.worker.task_loader import fixed_batches, load_task
 
@@ -58,8 +58,6 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
         info["diagnostics_s"] = time.perf_counter() - started
     reset_keras_state(0)
     if ceiling:
-        from tuner.worker.ceiling import measure_ceiling
-
         started = time.perf_counter()
         info["ceiling"] = measure_ceiling()
         info["ceiling_s"] = time.perf_counter() - started
@@ -69,7 +67,6 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
 def _probe_build(task, first_batch):
     import keras
 
-    from tuner.errors import describe, first_line
 
     try:
         model = task.build_model()

@@ -17,6 +17,7 @@ from tuner.worker.live import run_live
 from tuner.worker.live_models import keep_only, release
 from tuner.worker.startup import import_frameworks
 from tuner.worker.trial import run_trial
+from tuner.worker.probe import probe_task
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.
 _WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
@@ -56,7 +57,6 @@ def run_for_peak_rss(spec_dict: dict) -> dict:
 
 def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
           diagnose_steps: int, task_source: str | None = None) -> dict:
-    from tuner.worker.probe import probe_task  # numpy at import
     from tuner.worker.task_loader import task_file_here
 
     return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling,

@@ -119,24 +119,30 @@ def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool 
             result.loss_scales.append(current_loss_scale(optimizer))
             if self.may_skip and int(optimizer.iterations.numpy()) == self.iterations:
                 result.skipped_steps += 1  # the LossScaleOptimizer skipped the update
-            if not math.isfinite(loss):
-                result.first_non_finite_step = step
-                result.outcome = TrialOutcome.DIVERGED
+            if _should_stop(result, spec, sizing, step, loss, elapsed_ms):
                 self.model.stop_training = True
-                return
-            reason = too_slow_reason(result, spec, step, elapsed_ms)
-            if reason:
-                result.outcome = TrialOutcome.STOPPED_SLOW
-                result.stop_reason = reason
-                self.model.stop_training = True
-            elif sizing is not None:
-                sized_by = enough(result.losses, result.step_times_ms, spec.warmup_steps,
-                                  sizing)
-                if sized_by:
-                    result.sized_by = sized_by
-                    self.model.stop_training = True
 
     return StepRecorder()
+
+
+def _should_stop(result: TrialResult, spec: TrialSpec, sizing: Sizing | None, step: int,
+                 loss: float, elapsed_ms: float) -> bool:
+    """After a recorded step: stop on a non-finite loss, when clearly too slow, or once a sized
+    run has measured enough (each says so in ``result``)."""
+    if not math.isfinite(loss):
+        result.first_non_finite_step = step
+        result.outcome = TrialOutcome.DIVERGED
+        return True
+    reason = too_slow_reason(result, spec, step, elapsed_ms)
+    if reason:
+        result.outcome = TrialOutcome.STOPPED_SLOW
+        result.stop_reason = reason
+        return True
+    if sizing is not None:
+        result.sized_by = enough(result.losses, result.step_times_ms, spec.warmup_steps,
+                                 sizing)
+        return bool(result.sized_by)
+    return False
 
 
 def too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms: float) -> str:

@@ -14,7 +14,7 @@ import time
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.memory import MemoryMeter
+from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.failures import classify
 from tuner.worker.live_models import keep
 from tuner.worker.steps import fit_steps, step_recorder
@@ -104,7 +104,6 @@ def _training_memory(model, optimizer, first_batch, config: PrecisionConfig) -> 
     cannot be run eagerly once more (the figure is a courtesy, never a failure)."""
     import keras
 
-    from tuner.worker.memory import training_memory
 
     x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
     try:
@@ -220,5 +219,3 @@ def first_non_finite_layer(model, x) -> str | None:
         except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
             pass
     return found[0] if found else None
-
-

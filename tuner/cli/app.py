@@ -1,0 +1,224 @@
+"""``precision-tuner``: tune, export, ui, spaces. Exit 0 on success, 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tuner.errors import TunerError, UsageError
+from tuner.cli import commands, jobs, service_commands as service_cli
+from tuner.cli.arguments import positive_int
+from tuner.cli.tune import run_tune
+from tuner.cli.tune_options import add_tune_parser
+from tuner.cli.jobs import FORWARDED
+
+_DESCRIPTION = """\
+Find the fastest stable 16-bit precision setup for your Keras model.
+
+precision-tuner runs short trial trainings of your model across precision policies,
+loss scales, epsilons and float32 layer placements, judges each against a float32
+baseline, and writes the fastest stable config to a file you apply with two lines.
+"""
+
+_EPILOG = """\
+examples:
+  precision-tuner tune examples/digits_mlp.py --space quick
+  precision-tuner export --run-dir runs/digits_mlp-20261129-101500 --format yaml
+  precision-tuner ui --run-dir runs/digits_mlp-20261129-101500
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        self.exit(2, f"{self.prog}: error: {message}. See `{self.prog} --help`.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="precision-tuner", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    tune = add_tune_parser(commands)
+    _add_other_commands(commands)
+    _add_service_commands(commands, tune)
+    return parser
+
+
+def _add_other_commands(commands) -> None:
+    export = commands.add_parser("export", help="write the best config of a finished run",
+                                 description="Write the best config of a run directory.")
+    export.add_argument("--run-dir", type=Path, required=True)
+    export.add_argument("--format", choices=("json", "yaml"), default="json")
+    export.add_argument("--out", type=Path, help="output file [default: stdout]")
+    export.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+    ui = commands.add_parser("ui", help="browse the trials in the MLflow UI",
+                             description="Start the MLflow UI on a run directory's store, or "
+                                         "open a service's MLflow UI (--service).")
+    where = ui.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", type=Path)
+    where.add_argument("--service", metavar="ADDRESS",
+                       help="a tuning service's job server (http://HOST:8265; default "
+                            "$PRECISION_TUNER_SERVICE when there is no --run-dir): print and "
+                            "open its MLflow UI, one experiment per task")
+    ui.add_argument("--token-file", type=Path, help=argparse.SUPPRESS)
+    ui.add_argument("--no-browser", action="store_true",
+                    help="--service: only print the links")
+    ui.add_argument("--host", default="127.0.0.1", help="bind address [default: %(default)s; "
+                    "anything else exposes your runs to the network]")
+    ui.add_argument("--port", type=positive_int, default=5000)
+
+    diagnose = commands.add_parser(
+        "diagnose", help="per-layer float16/bfloat16 range diagnostics of a task",
+        description="Run a few instrumented float32 steps and show, per layer, how close "
+                    "activations and gradients come to float16's limits.")
+    diagnose.add_argument("task", metavar="TASK.py")
+    diagnose.add_argument("--steps", type=positive_int, default=3,
+                          help="instrumented steps [default: %(default)s]")
+    diagnose.add_argument("--json", type=Path, metavar="FILE",
+                          help="also write the full diagnostics as JSON")
+    diagnose.add_argument("--all", action="store_true", help="show every layer, not the 25 "
+                          "riskiest")
+
+    commands.add_parser("spaces", help="list the built-in search spaces")
+
+
+_SERVICE_EPILOG = """\
+The service is a Ray cluster (its job server takes the jobs) plus an MLflow tracking
+server (every job's trials). Loopback by default; bound elsewhere (--host), both ends
+require the token written to DIR/auth_token.
+"""
+
+
+def _add_service_commands(commands, tune: argparse.ArgumentParser) -> None:
+    """service start|stop|status, and the job commands (submit, jobs, status, logs, stop,
+    fetch), which all take --service ADDRESS (or PRECISION_TUNER_SERVICE)."""
+    _add_service_parser(commands)
+    _add_job_parsers(commands, tune)
+
+
+def _add_service_parser(commands) -> None:
+    service = commands.add_parser(
+        "service", help="start, stop or check a tuning service for a team (Ray + MLflow)",
+        description="Run precision-tuner as a service: a Ray head with its job server and an "
+                    "MLflow tracking server.", epilog=_SERVICE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = service.add_subparsers(dest="service_action", metavar="ACTION",
+                                     parser_class=_Parser, required=True)
+    start = actions.add_parser("start", help="start the Ray head and the MLflow server")
+    start.add_argument("--dir", type=Path, default=Path("service"),
+                       help="where the service keeps its stores, jobs and logs "
+                            "[default: %(default)s]")
+    start.add_argument("--host", default="127.0.0.1",
+                       help="bind address [default: %(default)s]; anything else turns on "
+                            "token authentication for Ray's job server and MLflow")
+    start.add_argument("--ray-port", type=positive_int, default=6379,
+                       help="Ray's GCS port (worker nodes join here) [default: %(default)s]")
+    start.add_argument("--dashboard-port", "--jobs-port", type=positive_int, default=8265,
+                       dest="dashboard_port",
+                       help="Ray's dashboard and job server [default: %(default)s]")
+    start.add_argument("--mlflow-port", type=positive_int, default=5000,
+                       help="MLflow tracking server and UI [default: %(default)s]")
+    start.add_argument("--num-cpus", type=positive_int,
+                       help="CPUs the head offers to trials [default: all]")
+    start.add_argument("--auth", action="store_true",
+                       help="require the token on loopback too")
+    for action in ("stop", "status"):
+        parser = actions.add_parser(action, help=f"{action} the service in --dir")
+        parser.add_argument("--dir", type=Path, default=Path("service"),
+                            help="the service's directory [default: %(default)s]")
+
+
+def _job_command(commands, name: str, help_text: str, job: bool = True) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help_text, description=help_text[0].upper()
+                                 + help_text[1:] + ".")
+    if job:
+        parser.add_argument("job", metavar="JOB", help="the job id (`precision-tuner jobs`)")
+    parser.add_argument("--service", metavar="ADDRESS",
+                        help="the service's job server, http://HOST:8265 [default: "
+                             "$PRECISION_TUNER_SERVICE]")
+    parser.add_argument("--token-file", type=Path, metavar="FILE",
+                        help="the service's token (its DIR/auth_token) when it requires "
+                             "one [default: $PRECISION_TUNER_TOKEN]")
+    return parser
+
+
+def _add_job_parsers(commands, tune: argparse.ArgumentParser) -> None:
+    def job_command(name: str, help_text: str, job: bool = True) -> argparse.ArgumentParser:
+        return _job_command(commands, name, help_text, job)
+
+    submit = job_command("submit", "submit a task to a tuning service as a Ray job",
+                         job=False)
+    submit.add_argument("task", metavar="TASK.py", help="task file (shipped with the job)")
+
+    for action in tune._actions:  # the same tune flags, same checks, same help
+        if action.dest in FORWARDED:
+            submit._add_action(action)
+    submit.add_argument("--resume", dest="resume_job", metavar="JOB",
+                        help="continue a stopped or killed job from its recorded trials, with "
+                             "its own flags")
+    submit.add_argument("--worker-cpus", type=positive_int, default=1,
+                        help="CPUs per screening worker on the shared cluster "
+                             "[default: %(default)s]")
+    job_command("jobs", "list the service's tuning jobs", job=False)
+    job_command("status", "show a job's status, progress and failure reason")
+    logs = job_command("logs", "print a job's log")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing as it grows")
+    job_command("stop", "stop a job (its finished trials are kept)")
+    fetch = job_command("fetch", "download a job's best config from the service's MLflow")
+    fetch.add_argument("--out", type=Path, default=Path("best_precision.json"),
+                       help="where to write it (.json or .yaml) [default: %(default)s]")
+    fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+
+
+def _service_command(args, parser: argparse.ArgumentParser) -> int:
+    if args.command == "service":
+        return service_cli.run(args)
+    if args.command == "submit":
+        defaults = {a.dest: a.default for a in _subparser(parser, "tune")._actions}
+        options = {a.dest: a.option_strings[0] for a in _subparser(parser, "tune")._actions
+                   if a.option_strings}
+        return jobs.submit(args, defaults, options)
+    return {"jobs": jobs.list_jobs, "status": jobs.status, "logs": jobs.logs,
+            "stop": jobs.stop, "fetch": jobs.fetch}[args.command](args)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
+def _version() -> str:
+    from tuner import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "tune":
+            return run_tune(args)
+        if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
+            return _service_command(args, parser)
+
+        return getattr(commands, args.command)(args)
+    except UsageError as exc:
+        print(f"precision-tuner: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except TunerError as exc:
+        print(f"precision-tuner: failed: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        hint = ""
+        if getattr(args, "command", None) == "tune" and getattr(args, "run_dir", None):
+            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {args.run_dir}"
+        print(f"precision-tuner: interrupted{hint}", file=sys.stderr)
+        return 130

@@ -1,0 +1,237 @@
+"""``precision-tuner tune``: its options, and the job from the task check to the summary.
+
+The options (``add_tune_parser``) become ``Flags`` (``flags_from``), the plan is resolved
+(tuner.run.plan), the task checked and the space fitted to the model on the executor, and the
+job runs (tuner.run.job) under the live progress bar; the summary is printed at the end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tuner import interrupt, job_context
+from tuner.errors import UsageError
+from tuner.cli.progress import LiveProgress
+from tuner.execution.local import LocalProcessExecutor
+from tuner.execution.ray_pool import RayExecutor
+from tuner.records.diagnostics_report import conclusions
+from tuner.records.mlflow_stores import StagedStores, redact_uri
+from tuner.records.report import print_summary
+from tuner.records.run_store import RunStore
+from tuner.records.timing import TimeBreakdown, describe_ceiling
+from tuner.run.job import tune
+from tuner.run.plan import Flags, resolve
+from tuner.run.task_file import check_task_file
+
+
+# Long enough for a loaded cluster to accept a connection; short enough that a wrong address is
+# refused at once (Ray and MLflow's HTTP client would otherwise retry for minutes).
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_writable_dir(path: Path) -> None:
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    try:  # os.access() says yes to root everywhere; only a real attempt tells
+        if not existing.is_dir():
+            raise OSError("not a directory")
+        os.rmdir(tempfile.mkdtemp(prefix=".precision-tuner-check-", dir=existing))
+    except OSError as exc:
+        raise UsageError(f"{str(path)!r} is not writable ({str(existing)!r}: {exc.strerror or exc})."
+                         " Choose another location.") from None
+
+
+def run_tune(args) -> int:
+    from rich.console import Console
+
+    interrupt.install()
+    started = time.perf_counter()
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    # Everything that can be refused is refused before anything is written.
+    task_path = check_task_file(args.task)
+    run_dir = args.run_dir = args.run_dir or Path("runs") / (
+        f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    if args.executor == "local" and (args.workers > 1 or args.ray_address):
+        given = ([f"--workers {args.workers}"] if args.workers > 1 else []) \
+            + ([f"--ray-address {args.ray_address}"] if args.ray_address else [])
+        raise UsageError("--workers and --ray-address need --executor ray. Received: "
+                         f"--executor local {' '.join(given)}. Drop them, or pass --executor ray.")
+    store = RunStore(run_dir)
+    previous = store.read_run() if store.exists else None
+    if args.resume and previous is None:
+        raise UsageError(f"--resume: {str(run_dir)!r} holds no run to resume (no run.json). "
+                         "Pass the --run-dir of an interrupted `precision-tuner tune`.")
+    if previous is None and run_dir.exists() and any(run_dir.iterdir()):
+        raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
+                         "precision-tuner run. Choose a new --run-dir.")
+    plan = resolve(flags_from(args, task_path), previous)
+    _check_out(args.out, args.force)
+    _check_writable_dir(run_dir)
+    _check_writable_dir(args.out.resolve().parent)
+    _check_reachable(args)
+
+    budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
+    console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
+                  f"[bold]{plan.space.name}[/] ({budget}, {plan.describe_steps()})")
+    staged = StagedStores() if previous is None and not args.tracking_uri else None
+    try:
+        with _executor(args, console) as executor:
+            clock = TimeBreakdown()
+            plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
+                                                         started)
+            if staged is not None:  # the task is checked: the run directory may be written
+                staged.move_into(run_dir)
+            summary = _run_job(args, plan, executor, console, store, previous, clock, started,
+                               task_info, diagnostics)
+    finally:
+        if staged is not None:
+            staged.discard()
+    print_summary(summary, console)
+    summary.best_config.save(args.out, overwrite=True)
+    console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    if job_context.job_id() is not None:  # a service job: the user is on another machine
+        console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
+                      "trials: precision-tuner ui --service ADDRESS", markup=False)
+        return 0
+    console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
+                  + ("" if not args.tracking_uri else
+                     f"  (tracking: {_redact(args.tracking_uri)})"))
+    return 0
+
+
+def _run_job(args, plan, executor, console, store, previous, clock, started, task_info,
+             diagnostics):
+    """Run the checked and fitted plan on ``executor``, with the progress display."""
+    if plan.exhaustive:
+        console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
+    done = len(store.read_trials())
+    if previous is not None:
+        console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
+    with LiveProgress(console, plan.trials, done) as progress:
+        summary = tune(plan, executor, progress, task_info, started=started,
+                       diagnostics=diagnostics, clock=clock)
+    if isinstance(executor, LocalProcessExecutor):
+        _copy_log(executor.log_path, plan.run_dir / "worker.log")
+    return summary
+
+
+def _fit_to_model(executor, plan, console, clock, started: float):
+    """Check the task in the worker, fit the space to the model's layers, run diagnostics.
+    Times the start-up (until the worker began the check), the check and the diagnostics."""
+    console.print("starting the TensorFlow worker and checking the task...")
+    # One call: the task is loaded and the model built once for the check and the diagnostics.
+    task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
+                               plan.space.float32_layers,
+                               ceiling=True, diagnose_steps=3)
+    diagnostics = task_info.pop("diagnostics")
+    parts = {"task check": task_info.get("probe_s", 0.0),
+             "ceiling probe": task_info.get("ceiling_s", 0.0),
+             "diagnostics": task_info.get("diagnostics_s", 0.0)}
+    clock.add("start-up", time.perf_counter() - started - sum(parts.values()))
+    for phase, spent in parts.items():
+        clock.add(phase, spent)
+    console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
+                  f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
+    if "ceiling" in task_info:
+        console.print(f"ceiling: {describe_ceiling(task_info['ceiling'])}", markup=False)
+    plan, skipped = plan.within_ceiling(task_info.get("ceiling"))
+    for note in skipped:
+        console.print(f"space: {note}", markup=False)
+    plan, notes = plan.fitted_to(task_info["float32_matches"])
+    for note in notes:
+        console.print(f"space: {note}", markup=False)
+    for line in conclusions(diagnostics):
+        console.print(f"diagnostics: {line}", markup=False)
+    return plan.with_diagnostics(diagnostics), task_info, diagnostics
+
+
+def flags_from(args, task_path: Path):
+    return Flags(task_path=task_path, run_dir=args.run_dir, space=args.space, trials=args.trials,
+                 steps=args.steps, seed=args.seed, tolerance=args.tolerance,
+                 exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
+                 finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
+                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
+                 objective=args.objective, memory_slack=args.memory_slack,
+                 trial_seconds=args.trial_seconds, confirm_steps=args.confirm_steps,
+                 confirm_seconds=args.confirm_seconds, no_confirm=args.no_confirm)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.suffix.lower() not in (".json", ".yaml", ".yml"):
+        raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {out}")
+    if out.exists() and not force:
+        raise UsageError(f"--out {str(out)!r} already exists. Pass --force to overwrite it, "
+                         "or choose another --out.")
+
+
+def _host_port(address: str, default_port: int | None) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``scheme://HOST:PORT/...``) as a pair; None when there is none."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname and port else None
+
+
+def _check_reachable(args) -> None:
+    """Refuse a --ray-address or an HTTP --tracking-uri that accepts no connection, in seconds,
+    before anything is started or written."""
+    import socket
+
+    targets = []
+    if args.ray_address and args.ray_address != "auto":
+        targets.append(("--ray-address", args.ray_address,
+                        _host_port(args.ray_address, None),
+                        "Start the cluster (`ray start --head`) or fix the address"))
+    uri = args.tracking_uri or ""
+    if uri.startswith(("http://", "https://")):
+        targets.append(("--tracking-uri", _redact(uri),
+                        _host_port(uri, 443 if uri.startswith("https") else 80),
+                        "Start the tracking server (`mlflow server`) or fix the URI"))
+    for flag, shown, where, fix in targets:
+        if where is None:
+            raise UsageError(f"{flag} needs a host and a port. Received: {flag} {shown}. "
+                             f"Pass HOST:PORT{' or auto' if flag == '--ray-address' else ''}.")
+        try:
+            socket.create_connection(where, timeout=_CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            raise UsageError(f"{flag} is unreachable ({why} from {where[0]}:{where[1]} within "
+                             f"{_CONNECT_TIMEOUT_S:g} s). Received: {flag} {shown}. {fix}.") \
+                from None
+
+
+def _redact(uri: str) -> str:
+    return redact_uri(uri)
+
+
+def _executor(args, console):
+    if args.executor == "local":
+        return LocalProcessExecutor()
+
+    where = f"Ray cluster at {_redact(args.ray_address)}" if args.ray_address \
+        else "a local Ray instance"
+    console.print(f"starting {args.workers} worker(s) on {where}...")
+    if job_context.job_id() is not None and args.ray_address:
+        # A service job on the team's cluster: screen on a share of it, and wait for a
+        # whole node (behind other jobs' re-measurements) rather than time on a busy one.
+        return RayExecutor(workers=args.workers, address=args.ray_address,
+                           worker_cpus=job_context.worker_cpus(), node_wait_s=3600.0)
+    return RayExecutor(workers=args.workers, address=args.ray_address)
+
+
+def _copy_log(source: str, target: Path) -> None:
+    try:
+        target.write_bytes(Path(source).read_bytes())
+        os.unlink(source)
+    except OSError:
+        pass

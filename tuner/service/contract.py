@@ -1,0 +1,40 @@
+"""What the service's server and its clients share: the names in Ray's job store and the
+environment, and the connection to Ray's job server (``client_for``). Both sides import this;
+neither imports the other."""
+
+from __future__ import annotations
+
+from tuner.errors import UsageError, first_line
+
+SERVICE_ENV = "PRECISION_TUNER_SERVICE"
+TOKEN_ENV = "PRECISION_TUNER_TOKEN"
+JOB_KIND = "job"
+MLFLOW_USER = "precision-tuner"
+RECORD_JOB = "precision-tuner-service"   # the Ray job whose metadata describes the service
+
+
+def client_for(address: str, token: str | None):
+    """A ``JobSubmissionClient`` for the service, with the bearer token when there is one."""
+    import logging
+
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(address, headers=headers)
+    except AuthenticationError as exc:
+        raise UsageError(_refused(address, exc, token)) from None
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"cannot reach the service at --service {address}: {first_line(exc)}."
+                         " Start it (`precision-tuner service start`) or fix the address.") \
+            from None
+
+
+def _refused(address: str, exc: BaseException, token: str | None) -> str:
+    why = "the token was not accepted" if token else "it requires authentication"
+    return (f"the service at --service {address} refused the request: {why} "
+            f"({first_line(exc, 80)}). Set {TOKEN_ENV} to the service's token, or pass "
+            "--token-file DIR/auth_token")
