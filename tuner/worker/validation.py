@@ -56,6 +56,13 @@ def evaluate(model, batches: list, source: str) -> dict[str, Any]:
                 "source": source}
     seconds = time.perf_counter() - started
     losses = [values.get("loss", math.nan) for values in per_batch]
+    if len(losses) >= 2 and max(losses) - min(losses) <= 1e-12 * max(1.0, abs(losses[0])):
+        # Real losses differ from batch to batch; the same number on each (0, typically) is a
+        # test_step that never computes the loss (a `metrics` property that hides Keras's).
+        return {"error": f"model.evaluate reports the same loss ({losses[0]:g}) on every "
+                         "validation batch: the model's test_step does not compute it (define "
+                         "test_step, or keep Keras's loss tracker in `metrics`)",
+                "source": source}
     names = sorted({name for values in per_batch for name in values} - {"loss"})
     metrics = {name: statistics.fmean(values[name] for values in per_batch if name in values)
                for name in names}

@@ -1,0 +1,127 @@
+"""The validation batches (tuner.worker.task_loader) and the evaluation on them
+(tuner.worker.validation): where they come from, that no trial trains on them, and what a
+model that cannot be evaluated gives."""
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+from tuner.worker.task_loader import (VAL_BATCHES, fixed_batches, load_task,  # noqa: E402
+                                      validation_batches)
+from tuner.worker.validation import evaluate  # noqa: E402
+
+MODEL = """
+import keras, numpy as np
+LOSS = "mse"
+BATCH_SIZE = 16
+def build_model():
+    inputs = keras.Input(shape=(1,))
+    return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+"""
+
+
+def _task(tmp_path, data: str, name="task"):
+    path = tmp_path / f"{name}.py"
+    path.write_text(MODEL + data)
+    return load_task(str(path))
+
+
+def _ids(batches):
+    """The sample ids (x holds them) in a list of batches."""
+    return {float(v) for batch in batches for v in np.asarray(batch[0]).ravel()}
+
+
+def test_arrays_without_val_data_hold_back_their_last_fifth(tmp_path):
+    task = _task(tmp_path, """
+def train_data():
+    x = np.arange(400, dtype="float32")[:, None]
+    return x, x
+""")
+    trained = _ids(fixed_batches(task, 50))
+    held, source = validation_batches(task, 50)
+    assert source == "held-back" and len(held) == VAL_BATCHES
+    assert min(_ids(held)) >= 320 and not trained & _ids(held)   # the last 80 samples
+    assert max(trained) < 320
+
+
+def test_a_dataset_without_val_data_holds_back_the_batches_after_the_pool(tmp_path):
+    task = _task(tmp_path, """
+import tensorflow as tf
+def train_data():
+    x = np.arange(16 * 100, dtype="float32")[:, None]
+    return tf.data.Dataset.from_tensor_slices((x, x)).batch(16)
+""", "long")
+    trained = _ids(fixed_batches(task, 50))
+    held, source = validation_batches(task, 50)
+    assert source == "held-back" and len(held) == VAL_BATCHES
+    assert min(_ids(held)) == 16 * 50 and not trained & _ids(held)
+
+
+def test_a_short_dataset_epoch_holds_back_its_last_fifth_and_cycles_the_rest(tmp_path):
+    task = _task(tmp_path, """
+import tensorflow as tf
+def train_data():
+    x = np.arange(16 * 10, dtype="float32")[:, None]
+    return tf.data.Dataset.from_tensor_slices((x, x)).batch(16)
+""", "short")
+    trained = fixed_batches(task, 50)
+    held, _ = validation_batches(task, 50)
+    assert len(trained) == 50 and len(held) == 2            # 10 batches: 8 cycled, 2 held
+    assert not _ids(trained) & _ids(held) and min(_ids(held)) == 16 * 8
+
+
+def test_val_data_is_used_as_given_and_small_arrays_are_split_into_batches(tmp_path):
+    task = _task(tmp_path, """
+def train_data():
+    x = np.arange(64, dtype="float32")[:, None]
+    return x, x
+def val_data():
+    x = np.full((40, 1), -1.0, dtype="float32")
+    return x, x
+""", "with_val")
+    assert len(fixed_batches(task, 50)) == 4              # all 64 samples train: 4 batches
+    held, source = validation_batches(task, 50)
+    assert source == "val_data" and _ids(held) == {-1.0}
+    assert len(held) == VAL_BATCHES and all(len(batch[0]) == 5 for batch in held)
+
+
+def test_evaluate_gives_per_batch_losses_and_metrics(tmp_path):
+    task = _task(tmp_path, """
+def train_data():
+    x = np.arange(400, dtype="float32")[:, None] / 400
+    return x, 2 * x
+""", "fit")
+    model = task.build_model()
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    held, source = validation_batches(task, 50)
+    result = evaluate(model, held, source)
+    assert len(result["batch_losses"]) == len(held) and result["metrics"].keys() == {"mae"}
+    assert result["loss"] == pytest.approx(np.mean(result["batch_losses"]))
+    assert len(set(result["batch_losses"])) > 1               # each batch's own loss
+
+
+def test_a_test_step_that_never_computes_the_loss_is_named_not_trusted(tmp_path):
+    class Hidden(keras.Model):       # Keras's loss tracker hidden behind its own `metrics`
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.tracker = keras.metrics.Mean(name="loss")
+
+        def call(self, x):
+            return self.dense(x)
+
+        @property
+        def metrics(self):
+            return [self.tracker]
+
+    task = _task(tmp_path, """
+def train_data():
+    x = np.arange(400, dtype="float32")[:, None]
+    return x, x
+""", "hidden")
+    model = Hidden()
+    model.compile(optimizer="adam", loss="mse")
+    result = evaluate(model, *validation_batches(task, 50))
+    assert "does not compute it" in result["error"]
