@@ -106,11 +106,8 @@ def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
     if not shown:
         plt.close(figure)
         return None
-    axes.set_xlabel("training step")
-    axes.set_ylabel("loss")
-    axes.set_title("loss curves (same seed, same batches)")
-    axes.legend(fontsize=7, loc="best")
-    return _save(figure, path)
+    return _finish(figure, axes, path, "training step", "loss",
+                   "loss curves (same seed, same batches)")
 
 
 def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
@@ -123,11 +120,8 @@ def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
         scales = [s if s is not None else float("nan") for s in row.result.loss_scales]
         axes.plot(range(len(scales)), scales, label=f"#{row.number} {row.config.describe()}")
     axes.set_yscale("log", base=2)
-    axes.set_xlabel("training step")
-    axes.set_ylabel("loss scale")
-    axes.set_title("loss scale over steps (float16 trials)")
-    axes.legend(fontsize=7, loc="best")
-    return _save(figure, path)
+    return _finish(figure, axes, path, "training step", "loss scale",
+                   "loss scale over steps (float16 trials)")
 
 
 def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
@@ -152,11 +146,8 @@ def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
     if not shown_float32:
         plt.close(figure)
         return None
-    axes.set_xlabel("steps trained in all")
-    axes.set_ylabel("validation loss")
-    axes.set_title("confirmation: validation loss over a longer training")
-    axes.legend(fontsize=7, loc="best")
-    return _save(figure, path)
+    return _finish(figure, axes, path, "steps trained in all", "validation loss",
+                   "confirmation: validation loss over a longer training")
 
 
 def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
@@ -179,6 +170,15 @@ def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
     axes.set_yticks(range(len(layers)), [layer["layer"] for layer in layers], fontsize=7)
     axes.set_title("per-layer float16 risk (share of values), riskiest first")
     figure.colorbar(image, ax=axes, fraction=0.04)
+    return _save(figure, path)
+
+
+def _finish(figure, axes, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """A line plot's labels and legend, then saved."""
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend(fontsize=7, loc="best")
     return _save(figure, path)
 
 

@@ -147,41 +147,40 @@ def validation_batches(task: Task, pool: int) -> tuple[list[tuple], str]:
     return held, "held-back" if held else "none"
 
 
-def _validation_from(task: Task) -> list[tuple]:
+def _data_of(task: Task, function, name: str):
+    """What the task's ``function`` (``train_data`` or ``val_data``) returns: a dataset, or a
+    tuple of arrays (checked); its errors become one-line ``TaskError``s."""
     import tensorflow as tf
 
     try:
-        data = task.val_data()
+        data = function()
     except Exception as exc:
-        raise TaskError(f"val_data() in {task.path.name} raised {type(exc).__name__}: "
+        raise TaskError(f"{name} in {task.path.name} raised {type(exc).__name__}: "
                         f"{first_line(exc)}. Fix the task file.") from exc
-    if isinstance(data, tf.data.Dataset):
-        elements, _ = _scan_dataset(task, data, VAL_BATCHES, "val_data()")
-    elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
+    if not isinstance(data, tf.data.Dataset) and not (isinstance(data, (tuple, list))
+                                                        and len(data) in (2, 3)):
+        raise TaskError(f"{name} in {task.path.name} must return a batched tf.data.Dataset "
+                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+    return data
+
+
+def _validation_from(task: Task) -> list[tuple]:
+    data = _data_of(task, task.val_data, "val_data()")
+    if isinstance(data, (tuple, list)):
         elements = _validation_split(_array_parts(task, data, "val_data()"), task.batch_size)
     else:
-        raise TaskError(f"val_data() in {task.path.name} must return a batched tf.data.Dataset "
-                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+        elements, _ = _scan_dataset(task, data, VAL_BATCHES, "val_data()")
     return _as_tensors(task, elements[:VAL_BATCHES], "val_data()")
 
 
 def _materialise(task: Task, steps: int) -> tuple[list[tuple], list[tuple]]:
     """The training batches and the held-back validation batches (empty with val_data())."""
-    import tensorflow as tf
-
-    try:
-        data = task.train_data()
-    except Exception as exc:
-        raise TaskError(f"train_data() in {task.path.name} raised {type(exc).__name__}: "
-                        f"{first_line(exc)}. Fix the task file.") from exc
-    if isinstance(data, tf.data.Dataset):
-        task.from_dataset = True
-        elements, held = _from_dataset(task, data, steps)
-    elif isinstance(data, (tuple, list)) and len(data) in (2, 3):
+    data = _data_of(task, task.train_data, "train_data()")
+    if isinstance(data, (tuple, list)):
         elements, held = _from_arrays(task, data, steps)
     else:
-        raise TaskError(f"train_data() in {task.path.name} must return a batched tf.data.Dataset "
-                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
+        task.from_dataset = True
+        elements, held = _from_dataset(task, data, steps)
     return (_as_tensors(task, elements, "train_data()"),
             _as_tensors(task, held, "train_data()") if held else [])
 
