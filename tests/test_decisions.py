@@ -258,3 +258,14 @@ def test_a_finalist_that_cannot_clear_the_bar_stops_being_timed(tmp_path):
             dropped_runs += 1
         assert outcome.winner.config.float32.groups == ()  # never the slower one
     assert dropped_runs >= 3
+
+
+def test_stable_configs_all_clearly_slower_are_named_as_such(tmp_path):
+    """float32 wins without rounds, and the decision says why: not 'no other stable config'."""
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 60.0, seed=2)
+    scheduler, outcome, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    assert outcome.winner is scheduler.baseline
+    assert any(r.judgement.stable for r in scheduler.rows[1:])
+    assert outcome.decision.explanation == \
+        "every stable 16-bit config is clearly slower than float32"
+    assert "no other stable config" not in outcome.decision.explanation

@@ -143,7 +143,7 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     plan, skipped = plan.within_ceiling(task_info.get("ceiling"))
     for note in skipped:
         console.print(f"space: {note}", markup=False)
-    plan, notes = plan.fitted_to(task_info["float32_matches"])
+    plan, notes = plan.fitted_to(task_info["float32_matches"], task_info.get("optimizer"))
     for note in notes:
         console.print(f"space: {note}", markup=False)
     for line in conclusions(diagnostics):

@@ -218,8 +218,10 @@ def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows
         left = [c for c in candidates if c.number not in tried] \
             if len(outcome.confirmations) < MAX_ATTEMPTS else []
         decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds)
+        then = f"then: {decision.explanation}" if left else \
+            "no other finalist left to confirm: float32"
         outcome.decision = dataclasses.replace(
-            decision, explanation="; ".join(rejected) + "; then: " + decision.explanation)
+            decision, explanation="; ".join(rejected) + "; " + then)
         outcome.winner = rows[decision.winner]
     baseline.estimate = SpeedupEstimate.identity(rounds)
     return outcome

@@ -129,11 +129,12 @@ class RunPlan:
         return (f"steps sized by the float32 baseline: at least {self.sizing.floor}, at most "
                 f"{self.sizing.cap_s:g} s of training")
 
-    def fitted_to(self, matches: dict[str, Any]) -> tuple["RunPlan", list[str]]:
-        """The plan over the space fitted to the model: float32 groups that select no layer
-        dropped (one line each, returned); a pattern that selects none is refused
-        (SearchSpaceError, exit 2)."""
-        space, notes = self.space.fitted(matches)
+    def fitted_to(self, matches: dict[str, Any],
+                  optimizer: dict[str, Any] | None = None) -> tuple["RunPlan", list[str]]:
+        """The plan over the space fitted to the model and its optimizer: float32 groups that
+        select no layer and optimizer epsilons the optimizer cannot take dropped (one line each,
+        returned); a pattern that selects none is refused (SearchSpaceError, exit 2)."""
+        space, notes = self.space.fitted(matches, optimizer)
         trials = space.size() if self.exhaustive else self.trials
         return dataclasses.replace(self, space=space, trials=trials, matches=matches), notes
 

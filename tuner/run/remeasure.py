@@ -90,11 +90,11 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     if scheduler.plan.objective != "speed":
         return _by_objective(scheduler, baseline)
     finalists, dropped = clearly_behind(scheduler, finalists_of(scheduler))
-    if not finalists:
+    if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        why = ("no stable config besides float32" if not dropped else
-               "every finalist is clearly slower than float32")
-        return Remeasured(baseline, decide(baseline.number, [], min_gain=scheduler.plan.min_gain),
+        why = ("every stable 16-bit config is clearly slower than float32" if dropped else
+               "no stable config besides float32")
+        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           [f"{why}: nothing to re-measure", *dropped])
     outcome = _Rounds(scheduler, baseline, finalists).run()
     outcome.notes[1:1] = dropped

@@ -95,14 +95,18 @@ class SearchSpace:
                     "f32_riskiest", list(range(len(self.risky_layers) + 1)))
         return self.config_from_params(params)
 
-    def fitted(self, matches: Mapping[str, Any]) -> tuple["SearchSpace", list[str]]:
+    def fitted(self, matches: Mapping[str, Any],
+               optimizer: Mapping[str, Any] | None = None) -> tuple["SearchSpace", list[str]]:
         """This space with its float32 placements resolved against the model's layers.
 
         ``matches`` is what the worker's task check found, ``probe_task(...)["float32_matches"]``:
         ``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}, "all_layers":
         [path, ...]}``. A group that selects no layer would only repeat other configs, so it is
         dropped, with one line saying so (returned). A ``float32.layers`` pattern that selects no
-        layer is the user's mistake: SearchSpaceError, naming the closest layer paths.
+        layer is the user's mistake: SearchSpaceError, naming the closest layer paths. With
+        ``optimizer`` (the task check's ``"optimizer"``: ``{"class", "epsilon"}``), optimizer
+        epsilons are dropped, with a line, when the optimizer has no epsilon to set: every
+        such config would fail the same way.
         """
         kept, notes = [], []
         for group in self.float32_groups:
@@ -115,7 +119,13 @@ class SearchSpace:
             if not pattern_paths(matches, pattern):
                 raise SearchSpaceError(no_layer_message(f"search space {self.name!r}", pattern,
                                                          matches))
-        return replace(self, float32_groups=tuple(kept)), notes
+        epsilons = self.optimizer_epsilons
+        if optimizer is not None and not optimizer["epsilon"] and epsilons != (None,):
+            values = ", ".join(f"{value:g}" for value in epsilons if value is not None)
+            notes.append(f"epsilon.optimizer [{values}]: {optimizer['class']} has no epsilon, so "
+                         "no config can set one: dropped from the space")
+            epsilons = (None,)
+        return replace(self, float32_groups=tuple(kept), optimizer_epsilons=epsilons), notes
 
     def with_diagnostics(self, ranked_layers: Sequence[str],
                          recommended_scale: float | None = None) -> "SearchSpace":

@@ -16,6 +16,12 @@ from tuner.worker.trial import batch_size_of, reset_keras_state
 from tuner.worker.ceiling import measure_ceiling
 
 
+def optimizer_facts(optimizer) -> dict:
+    """What the search space must fit to in the task's optimizer: its class, and whether it has
+    an ``epsilon`` a config could set (SGD, Lion and Adafactor do not)."""
+    return {"class": type(optimizer).__name__, "epsilon": hasattr(optimizer, "epsilon")}
+
+
 def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
                ceiling: bool = False, diagnose_steps: int = 0) -> dict:
     """Check the task in the worker before anything is written; return a short description.
@@ -48,7 +54,8 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
             "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
-            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns))}
+            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
+            "optimizer": optimizer_facts(task.optimizer())}
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
         from tuner.worker.diagnose import diagnose_model
