@@ -89,8 +89,10 @@ def test_simplicity_order():
     order = [PrecisionConfig(), PrecisionConfig(epsilon=Epsilon(1e-4)),
              PrecisionConfig("mixed_bfloat16"),
              PrecisionConfig("mixed_bfloat16", float32=Float32Placement(("softmax",))),
+             # Under float16, Keras's own default (a dynamic loss scale) is the simple one.
+             PrecisionConfig("mixed_float16", LossScale("dynamic")),
              PrecisionConfig("mixed_float16"),
-             PrecisionConfig("mixed_float16", LossScale("dynamic"))]
+             PrecisionConfig("mixed_float16", LossScale("fixed", value=1024.0))]
     assert sorted(order, key=complexity) == order
 
 
@@ -237,7 +239,7 @@ def test_a_finalist_is_dropped_only_when_clearly_beyond_the_run_drift():
     from types import SimpleNamespace
 
     from tuner.judging.noise import SEARCH_DRIFT
-    from tuner.run.remeasure import clearly_behind
+    from tuner.run.finalists import clearly_behind
 
     def row(number, ms, policy="mixed_bfloat16"):
         steps = [ms * (1 + 0.01 * ((i % 5) - 2)) for i in range(20)]

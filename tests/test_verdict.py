@@ -48,9 +48,25 @@ def test_non_finite_loss_names_the_step():
 
 def test_collapsed_loss_scale_is_unstable():
     scales = [1024.0, 512.0, 4.0, 1.0] + [1.0] * 16
-    judgement = judge(result(BASELINE.losses, scales=scales), BASELINE, **RULES)
+    judgement = judge(result(BASELINE.losses, scales=scales, initial_loss_scale=2048.0),
+                      BASELINE, **RULES)
     assert judgement.verdict is Verdict.UNSTABLE
-    assert "loss scale fell to its floor (1) after 4 steps" in judgement.reason
+    assert judgement.reason.startswith("the loss scale collapsed: it halved from 2048 to its "
+                                       "floor (1) (11 times by step 4) and never grew back")
+
+
+def test_a_collapse_is_judged_from_where_the_scale_started():
+    """From 2^15, a fall to 2^9 is six halvings: collapsed, though far above the floor. From
+    the diagnostics' 2^2, one overflow to the floor is not a collapse (skipped steps count)."""
+    high = judge(result(BASELINE.losses, scales=[2.0**9] * 20, initial_loss_scale=2.0**15),
+                 BASELINE, **RULES)
+    assert "collapsed: it halved from 32768 to 512 (6 times" in high.reason
+    low = judge(result(BASELINE.losses, scales=[1.0] * 20, initial_loss_scale=2.0**1,
+                       skipped_steps=1), BASELINE, **RULES)
+    assert low.stable, low.reason
+    recovered = [2.0**15 / 2**k for k in range(8)] + [2.0**11] * 12   # fell 7x, grew back 8x
+    assert judge(result(BASELINE.losses, scales=recovered, initial_loss_scale=2.0**15),
+                 BASELINE, **RULES).stable
 
 
 def test_too_many_skipped_steps_is_unstable():

@@ -84,7 +84,8 @@ class TrialResult:
     outcome: TrialOutcome
     losses: list[float] = field(default_factory=list)
     step_times_ms: list[float] = field(default_factory=list)
-    loss_scales: list[float | None] = field(default_factory=list)
+    loss_scales: list[float | None] = field(default_factory=list)   # after each step
+    initial_loss_scale: float | None = None   # the scale before the first step
     skipped_steps: int = 0
     first_non_finite_step: int | None = None
     failure_class: FailureClass | None = None

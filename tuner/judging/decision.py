@@ -4,8 +4,9 @@ A config other than plain float32 wins only when the *lower* end of its speedup 
 ``1 + min_gain``: a gain inside the machine's noise is a tie, and a tie goes to the simpler
 config. Among configs that clear the bar and whose intervals overlap the leader's, the simplest
 wins — float32 before 16-bit, default epsilons before changed ones, fewer float32 placements
-before more, no loss scale before a loss scale. Pure Python: the inputs are plain configs and
-``SpeedupEstimate``s.
+before more, and under float16 Keras's own default, a dynamic loss scale, before none or a fixed
+one. A float16 config without a loss scale is a finalist only with evidence that it needs none
+(``no_loss_scale_evidence``). Pure Python: the inputs are plain configs and ``SpeedupEstimate``s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ DEFAULT_MIN_GAIN = 0.03
 
 # Simpler first. bfloat16 needs no loss scale, so it is the simpler 16-bit choice.
 _POLICY_ORDER = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
-_LOSS_SCALE_ORDER = ("none", "dynamic", "fixed")
+# Where compute is float16, Keras's own default (compile wraps the optimizer in a dynamic loss
+# scale) is the simple choice; "none" must earn its place with evidence (no_loss_scale_evidence).
+_LOSS_SCALE_ORDER = ("dynamic", "none", "fixed")
 
 
 def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
@@ -32,6 +35,22 @@ def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
     return (_POLICY_ORDER.index(config.policy), changed_epsilons, placements,
             _LOSS_SCALE_ORDER.index(config.loss_scale.kind),
             WEIGHT_UPDATES.index(config.weight_update))
+
+
+FLOAT16_MIN_NORMAL = 2.0**-14
+
+
+def no_loss_scale_evidence(gradient_p01: float | None) -> tuple[bool, str]:
+    """May a float16 config without a loss scale be picked, and the evidence either way, from
+    the diagnostics' smallest 1% of non-zero weight gradients (float32, at scale 1): below
+    float16's smallest normal number they lose precision or flush to zero without a scale."""
+    if gradient_p01 is None:
+        return False, "no diagnostics of the gradients: a float16 pick keeps a loss scale"
+    if gradient_p01 < FLOAT16_MIN_NORMAL:
+        return False, (f"the smallest 1% of gradients (from {gradient_p01:.2g}) are subnormal "
+                       "in float16 without a loss scale")
+    return True, (f"the smallest 1% of gradients (from {gradient_p01:.2g}) stay normal in "
+                  "float16 without a loss scale")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Is a trial stable, compared with the float32 baseline? Pure Python, no TensorFlow.
 
-Stable iff: every loss finite; the loss scale never fell to its floor; skipped steps within a
+Stable iff: every loss finite; the loss scale did not collapse; skipped steps within a
 bound; the trial learned (almost) as much as the float32 baseline did with the same seed, data
 and step budget, *and ended at (almost) its level*: a large first drop (learning the mean, the
 bias) cannot hide a plateau above float32's; and it validates (almost) as well as float32 on the
@@ -86,6 +86,30 @@ def decrease_noise(losses: list[float]) -> float:
     return step_sigma * math.sqrt(2.0 / window)
 
 
+# A dynamic loss scale has collapsed when it ended this many halvings (64x) below where it
+# started and never grew back: judged from its own start, so a scale that starts at 2^15 and one
+# that starts at the diagnostics' 2^2 are held to the same rule, and a scale that starts near the
+# floor is not "collapsed" by one overflow (its skipped steps are counted instead).
+COLLAPSE_HALVINGS = 6
+
+
+def loss_scale_collapse(result: TrialResult, floor: float) -> str:
+    """Why the trial's dynamic loss scale collapsed ("" when it did not)."""
+    scales = [s for s in result.loss_scales if s is not None]
+    if not scales:
+        return ""
+    start = result.initial_loss_scale or scales[0]
+    low = min(scales)
+    halvings = math.log2(start / low) if low > 0 else math.inf
+    if halvings < COLLAPSE_HALVINGS or scales[-1] > 2.0 * low:
+        return ""
+    first = next(i for i, s in enumerate(result.loss_scales) if s is not None and s <= low)
+    where = f"its floor ({floor:g})" if low <= floor else f"{low:g}"
+    return (f"the loss scale collapsed: it halved from {start:g} to {where} ({halvings:.0f} "
+            f"times by step {first + 1}) and never grew back (non-finite gradients at every "
+            f"scale; {result.skipped_steps} of {len(result.losses)} steps skipped)")
+
+
 def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
           max_skipped_fraction: float, min_loss_decrease_ratio: float,
           expected_steps: int) -> Judgement:
@@ -104,11 +128,9 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
                                          "overflowed)"
         return Judgement(Verdict.UNSTABLE, f"loss non-finite at step {step}{where}", None,
                          median)
-    scales = [s for s in result.loss_scales if s is not None]
-    if scales and min(scales) <= floor:
-        first = next(i for i, s in enumerate(result.loss_scales) if s is not None and s <= floor)
-        return Judgement(Verdict.UNSTABLE, f"loss scale fell to its floor ({floor:g}) after "
-                         f"{first + 1} steps", None, median)
+    collapse = loss_scale_collapse(result, floor)
+    if collapse:
+        return Judgement(Verdict.UNSTABLE, collapse, None, median)
     if result.skipped_steps > max_skipped_fraction * expected_steps:
         return Judgement(Verdict.UNSTABLE, f"skipped {result.skipped_steps} of "
                          f"{len(result.losses)} steps (non-finite gradients); at most "

@@ -85,6 +85,8 @@ class RunPlan:
     integer_inputs: tuple[dict[str, Any], ...] = ()
     # Layers that take continuous features a 16-bit cast erases (from diagnostics): likewise.
     continuous_inputs: tuple[dict[str, Any], ...] = ()
+    # The diagnostics' smallest 1% of weight gradients: whether float16 needs a loss scale.
+    gradient_p01: float | None = None
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
     objective: str = "speed"            # speed | memory | balanced (tuner.judging.objective)
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
@@ -171,7 +173,8 @@ class RunPlan:
         return dataclasses.replace(
             self, space=space, trials=trials,
             integer_inputs=tuple(diagnostics.get("integer_inputs", ())),
-            continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())))
+            continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())),
+            gradient_p01=diagnostics.get("gradient_p01_nonzero"))
 
 
 def space_ref(space: str) -> str:

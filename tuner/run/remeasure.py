@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.run.confirm import Confirmation, Confirmer, confirm_pick
-from tuner.judging.decision import Candidate, Decision, decide
+from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence
 from tuner.errors import TunerError
-from tuner.judging.noise import (SEARCH_DRIFT, PooledNoise, SpeedupEstimate, median_interval,
-                         round_log_ratios, speedup_from_log_ratios)
+from tuner.judging.noise import PooledNoise, SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
 from tuner.judging.objective import Point, pareto_front, pick
 from tuner.records.results import TrialRow
+from tuner.run.finalists import clearly_behind, finalists_of
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.trial_types import TrialOutcome, TrialResult
 
@@ -54,58 +54,40 @@ class Remeasured:
     confirm_skipped: bool = False        # --no-confirm
 
 
-def finalists_of(scheduler: Scheduler) -> list[TrialRow]:
-    stable = [r for r in scheduler.timed_stable_rows() if r is not scheduler.baseline]
-    return stable[:scheduler.plan.finalists]
-
-
-def clearly_behind(scheduler: Scheduler,
-                   finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
-    """The finalists worth re-measuring, and a line for each one dropped because even the
-    fast end of its search-phase median's interval is beyond the leader's slow end by more
-    than a run's drift (``SEARCH_DRIFT``): one run each cannot say more, and re-timing it
-    would only spend the budget."""
-    leader = scheduler.best_stable()
-    if leader is None or not leader.result.timed_steps_ms:
-        return finalists, []
-    leader_low, leader_high = median_interval(leader.result.timed_steps_ms)
-    kept, notes = [], []
-    for row in finalists:
-        low, high = median_interval(row.result.timed_steps_ms)
-        if row is not leader and low > leader_high * SEARCH_DRIFT:
-            notes.append(f"dropped #{row.number} ({row.config.describe()}) before the "
-                         f"re-measurement: its search-phase median step lies in [{low:.3g}-"
-                         f"{high:.3g}] ms, beyond #{leader.number}'s [{leader_low:.3g}-"
-                         f"{leader_high:.3g}] ms by more than a run's "
-                         f"{SEARCH_DRIFT - 1:.0%} drift")
-        else:
-            kept.append(row)
-    return kept, notes
-
-
 def remeasure(scheduler: Scheduler) -> Remeasured:
     baseline = scheduler.baseline
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
     if scheduler.plan.objective != "speed":
         return _by_objective(scheduler, baseline)
-    finalists, dropped = clearly_behind(scheduler, finalists_of(scheduler))
+    finalists, unscaled = finalists_of(scheduler)
+    finalists, dropped = clearly_behind(scheduler, finalists)
+    dropped = unscaled + dropped
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        why = ("every stable 16-bit config is clearly slower than float32" if dropped else
-               "no stable config besides float32")
+        why = ("no stable config besides float32" if not dropped else
+               "every stable 16-bit config was left out or is clearly slower than float32"
+               if unscaled else
+               "every stable 16-bit config is clearly slower than float32")
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           [f"{why}: nothing to re-measure", *dropped])
     outcome = _Rounds(scheduler, baseline, finalists).run()
     outcome.notes[1:1] = dropped
+    config = outcome.winner.config
+    if config.compute_dtype == "float16" and config.loss_scale.kind == "none":
+        outcome.notes.append("the pick has no loss scale: "
+                             + no_loss_scale_evidence(scheduler.plan.gradient_p01)[1])
     return outcome
 
 
 def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
-    """memory or balanced (tuner.judging.objective): the choice is made on the search's figures, then
-    re-measured against float32 so its speed comes with an interval."""
+    """memory or balanced (tuner.judging.objective): the choice is made on the search's
+    figures, then re-measured against float32 so its speed comes with an interval."""
     plan = scheduler.plan
-    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory}
+    allowed, _ = no_loss_scale_evidence(plan.gradient_p01)
+    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory
+            and (allowed or r.config.compute_dtype != "float16"
+                 or r.config.loss_scale.kind != "none")}
     points = [Point(r.number, r.config, r.judgement.median_step_ms,
                     int(r.result.training_memory["total_bytes"])) for r in rows.values()]
     if not points:

@@ -91,6 +91,8 @@ def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool 
 
     class StepRecorder(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
+            if result.initial_loss_scale is None:
+                result.initial_loss_scale = current_loss_scale(optimizer)
             # Only a LossScaleOptimizer (ours, or the one compile wraps around a mixed_float16
             # model's) skips updates; reading the step counter costs a sync per read.
             self.may_skip = isinstance(optimizer, scaled) or \
