@@ -87,6 +87,8 @@ class TrialResult:
     loss_scales: list[float | None] = field(default_factory=list)   # after each step
     initial_loss_scale: float | None = None   # the scale before the first step
     skipped_steps: int = 0
+    skipped: list[int] = field(default_factory=list)   # which steps the loss scaler skipped
+    loss_scale_kind: str = "none"   # the config's: a fixed scale cannot back off or collapse
     first_non_finite_step: int | None = None
     failure_class: FailureClass | None = None
     failure_message: str = ""

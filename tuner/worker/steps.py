@@ -93,6 +93,7 @@ def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool 
         def on_train_begin(self, logs=None):
             if result.initial_loss_scale is None:
                 result.initial_loss_scale = current_loss_scale(optimizer)
+                result.loss_scale_kind = spec.config.get("loss_scale", {}).get("kind", "none")
             # Only a LossScaleOptimizer (ours, or the one compile wraps around a mixed_float16
             # model's) skips updates; reading the step counter costs a sync per read.
             self.may_skip = isinstance(optimizer, scaled) or \
@@ -121,6 +122,7 @@ def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool 
             result.loss_scales.append(current_loss_scale(optimizer))
             if self.may_skip and int(optimizer.iterations.numpy()) == self.iterations:
                 result.skipped_steps += 1  # the LossScaleOptimizer skipped the update
+                result.skipped.append(step)
             if _should_stop(result, spec, sizing, step, loss, elapsed_ms):
                 self.model.stop_training = True
 
