@@ -1,5 +1,8 @@
-"""The worker side: code that runs inside a TensorFlow worker process (trials, the task check,
-diagnostics). TensorFlow/Keras is imported here and in two modules outside it that apply a
-config in the user's own process: ``tuner.apply.scope`` (dtype policies, float32 placement)
-and ``tuner.apply.loss_scaling`` (loss-scale optimizers). The driver — cli, plan, proposer,
-scheduler, remeasure, decision, job, tracking — never imports TensorFlow."""
+"""The worker side: everything that runs inside a TensorFlow process, for either executor — the
+process's start (``process``, ``startup``), a trial (``trial``, its timed ``steps``, its
+``validation``), live models kept for the re-measurement and the confirmation (``live``,
+``live_models``), the task check and device ceiling (``probe``, ``ceiling``), diagnostics and the
+input checks (``diagnose``, ``integer_inputs``, ``continuous_inputs``), failure classification
+and memory. Only here and in ``tuner.apply`` (what a user's own process imports) may TensorFlow
+and Keras be imported; modules here import them inside the functions that run in the worker, so
+the executors can name those functions for their processes without loading either."""
