@@ -78,6 +78,9 @@ def test_submit_forwards_only_the_tune_flags_given():
     assert job_commands.forwarded_flags(args, defaults, options) == [
         "--space", "default", "--trials", "5", "--keep-slow-policies"]
     assert args.worker_cpus == 2 and args.resume_job is None
+    confirming = parser.parse_args(["submit", "t.py", "--confirm-steps", "300", "--no-confirm"])
+    assert job_commands.forwarded_flags(confirming, defaults, options) == [
+        "--confirm-steps", "300", "--no-confirm"]   # the confirmation's flags reach the job
 
 
 def test_resume_takes_the_job_s_own_flags(capsys):
