@@ -32,8 +32,11 @@ class Machine:
         lambda config, spec, exclusive: None
     memory: Callable[[PrecisionConfig], int] | None = None  # training memory of a config
     # The validation loss of a config's model after it has trained ``steps`` steps in all.
-    val_loss: Callable[[PrecisionConfig, int], float] = \
-        lambda config, steps: 0.5 + 1.0 / (1.0 + steps / 50.0)
+    val_loss: Callable[[PrecisionConfig, int], float] | None = \
+        lambda config, steps: 0.5 + 1.0 / (1.0 + steps / 50.0)   # None: evaluate fails
+    # Added to a config's training losses once its model has trained ``steps`` steps before
+    # this run (a config that trains to a worse level later on).
+    train_offset: Callable[[PrecisionConfig, int], float] = lambda config, steps: 0.0
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -52,14 +55,18 @@ class Machine:
             scale *= self.first_run_penalty
         times = ([scale * 5.0] if steps else []) + [
             scale * self.rng.lognormvariate(0.0, self.jitter) for _ in range(steps - 1)]
-        losses = [2.0 * 0.95**i + self.rng.gauss(0.0, 0.002) for i in range(steps)]
+        losses = [2.0 * 0.95**i + self.train_offset(config, trained) + self.rng.gauss(0.0, 0.002)
+                  for i in range(steps)]
         memory = None
         if self.memory is not None:
             total = self.memory(config)
             memory = {"weights": {}, "gradients": {}, "optimizer": {},
                       "activations": {"float32": total}, "total_bytes": total}
         validation = None
-        if spec.validate:
+        if spec.validate and self.val_loss is None:
+            validation = {"error": "model.evaluate raised ValueError: no test_step",
+                          "source": "val_data"}
+        elif spec.validate:
             loss = self.val_loss(config, trained + steps)
             batch_losses = [loss * (1.0 + 0.02 * (i - 3.5) / 3.5) for i in range(8)]
             validation = {"loss": loss, "batch_losses": batch_losses, "metrics": {},

@@ -133,3 +133,20 @@ def test_the_confirmation_plot_draws_both_curves(tmp_path):
                         tmp_path / "confirmation.png")
     assert path is not None and path.stat().st_size > 1000
     assert confirmation(SimpleNamespace(confirmations=[]), tmp_path / "none.png") is None
+
+
+def test_a_model_that_cannot_be_evaluated_is_confirmed_on_its_training_losses(tmp_path):
+    worse = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=None,
+                    train_offset=lambda c, steps: 0.5 if c.policy != "float32" and steps > 100
+                    else 0.0)
+    _, outcome, _ = tune(tmp_path, worse)
+    first = outcome.confirmations[0]
+    assert not first.passed and "training loss over the last stretch" in first.reason
+    assert outcome.winner.config.policy == "float32"
+    alike = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=None)
+    (tmp_path / "alike").mkdir()
+    _, outcome, _ = tune(tmp_path / "alike", alike)
+    (confirmation,) = outcome.confirmations
+    assert confirmation.passed and "cannot be evaluated" in confirmation.fallback
+    assert confirmation.to_dict()["compared_on"].startswith("the model cannot be evaluated")
+    assert "train loss" in confirmation.table()[0]

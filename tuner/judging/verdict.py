@@ -178,7 +178,7 @@ def validation_gap(mine: dict | None, base: dict | None,
     if not math.isfinite(own):
         return f"validation loss non-finite (float32's {reference:.3g})"
     noise = NOISE_SIGMAS * standard_error(base.get("batch_losses") or [])
-    return _level_gap("validation loss", own, reference, noise, allowance)
+    return level_gap("validation loss", own, reference, noise, allowance)
 
 
 def standard_error(values: list[float]) -> float:
@@ -187,7 +187,7 @@ def standard_error(values: list[float]) -> float:
     return statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) >= 2 else 0.0
 
 
-def _level_gap(what: str, own: float, reference: float, noise: float,
+def level_gap(what: str, own: float, reference: float, noise: float,
                allowance: float) -> str:
     """``what`` ended above ``reference`` by more than the noise and the relative allowance."""
     margin = max(noise, allowance * abs(reference))
@@ -237,7 +237,7 @@ def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: flo
         return Judgement(Verdict.UNSTABLE, f"reached {ratio:.0%} of float32's loss decrease "
                          f"(needs {tolerance:.0%})", ratio, median)
     window = _window(len(baseline.losses))
-    level = _level_gap("ended at a training loss", statistics.fmean(result.losses[-window:]),
+    level = level_gap("ended at a training loss", statistics.fmean(result.losses[-window:]),
                        statistics.fmean(baseline.losses[-window:]), margin, LEVEL_ALLOWANCE)
     if level:
         return Judgement(Verdict.UNSTABLE, f"{level}, although it reached {ratio:.0%} of "

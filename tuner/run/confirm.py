@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,7 +32,8 @@ from typing import Any, Callable
 from tuner.judging.decision import decide
 from tuner.judging.noise import SpeedupEstimate
 from tuner.trial_types import TrialOutcome, TrialResult
-from tuner.judging.verdict import LEVEL_ALLOWANCE, NOISE_SIGMAS, standard_error, validation_gap
+from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, standard_error,
+                                   validation_gap)
 
 CHECKPOINTS = 4
 STEPS_MULTIPLE = 10
@@ -66,6 +68,10 @@ class Checkpoint:
     step: int                        # steps each model has trained in all
     float32: dict[str, Any]          # tuner.worker.validation results
     pick: dict[str, Any]
+    # The training losses of the steps since the last checkpoint: what is compared when the
+    # model cannot be evaluated (``model.evaluate`` fails, or its test_step reports no loss).
+    float32_losses: list[float] = field(default_factory=list)
+    pick_losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         def brief(validation: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +93,7 @@ class Confirmation:
     noise: float | None = None       # float32's validation noise at the end (+-, 2 s.e.)
     allowance: float = LEVEL_ALLOWANCE
     seconds: float = 0.0
+    fallback: str = ""               # what was compared instead of validation, and why
 
     def to_dict(self) -> dict[str, Any]:
         last = self.checkpoints[-1] if self.checkpoints else None
@@ -98,23 +105,38 @@ class Confirmation:
                 "pick_val_loss": last.pick.get("loss") if last else None,
                 "noise": self.noise, "allowance": self.allowance,
                 "checkpoints": [c.to_dict() for c in self.checkpoints],
+                "compared_on": self.fallback or "validation",
                 "seconds": round(self.seconds, 3)}
 
     def table(self) -> list[str]:
-        """``step  float32 val  pick val`` lines for the summary."""
-        lines = [f"  {'step':>6}  {'float32 val loss':>16}  {'#' + str(self.trial) + ' val loss':>14}"]
+        """``step  float32 val  pick val`` lines for the summary (training losses of each
+        stretch, marked, where the model cannot be evaluated)."""
+        what = "train loss" if self.fallback else "val loss"
+        lines = [f"  {'step':>6}  {'float32 ' + what:>18}  {'#' + str(self.trial) + ' ' + what:>16}"]
         for point in self.checkpoints:
-            lines.append(f"  {point.step:>6}  {_loss(point.float32):>16}  {_loss(point.pick):>14}")
+            base, mine = (_mean(point.float32_losses), _mean(point.pick_losses)) \
+                if self.fallback else (_loss(point.float32), _loss(point.pick))
+            lines.append(f"  {point.step:>6}  {base:>18}  {mine:>16}")
         return lines
 
     def line(self) -> str:
         last = self.checkpoints[-1] if self.checkpoints else None
-        if self.passed and last is not None:
-            return (f"confirmed #{self.trial} ({self.config}) over {self.steps} more steps "
-                    f"({self.why_steps}): validation loss {_loss(last.pick)} vs float32's "
-                    f"{_loss(last.float32)} at step {last.step} (noise +-{self.noise or 0:.2g}, "
-                    f"allowance {self.allowance:.0%})")
-        return f"rejected #{self.trial} ({self.config}) in the confirmation: {self.reason}"
+        if not self.passed or last is None:
+            return f"rejected #{self.trial} ({self.config}) in the confirmation: {self.reason}"
+        if self.fallback:
+            figures = (f"training loss {_mean(last.pick_losses)} vs float32's "
+                       f"{_mean(last.float32_losses)} over the steps to {last.step} "
+                       f"({self.fallback})")
+        else:
+            figures = (f"validation loss {_loss(last.pick)} vs float32's {_loss(last.float32)} "
+                       f"at step {last.step}")
+        return (f"confirmed #{self.trial} ({self.config}) over {self.steps} more steps "
+                f"({self.why_steps}): {figures} (noise +-{self.noise or 0:.2g}, allowance "
+                f"{self.allowance:.0%})")
+
+
+def _mean(losses: list[float]) -> str:
+    return f"{statistics.fmean(losses):.4g}" if losses else "-"
 
 
 def _loss(validation: dict[str, Any]) -> str:
@@ -161,16 +183,19 @@ class Confirmer:
                 problem = _problem(result, row is baseline)
                 if problem:
                     return self._end(outcome, problem, started)
-            outcome.checkpoints.append(Checkpoint(target, results[id(baseline)].validation,
-                                                  results[id(pick)].validation))
+            outcome.checkpoints.append(Checkpoint(
+                target, results[id(baseline)].validation or {}, results[id(pick)].validation or {},
+                results[id(baseline)].losses, results[id(pick)].losses))
         return self._end(outcome, _final_gap(outcome), started)
 
     @staticmethod
     def _end(outcome: Confirmation, problem: str, started: float) -> Confirmation:
         outcome.passed, outcome.reason = not problem, problem
         if outcome.checkpoints:
-            base = outcome.checkpoints[-1].float32
-            outcome.noise = NOISE_SIGMAS * standard_error(base.get("batch_losses") or [])
+            last = outcome.checkpoints[-1]
+            scatter = last.float32_losses if outcome.fallback else \
+                last.float32.get("batch_losses") or []
+            outcome.noise = NOISE_SIGMAS * standard_error(scatter)
         outcome.seconds = time.perf_counter() - started
         return outcome
 
@@ -182,19 +207,27 @@ def _problem(result: TrialResult, is_float32: bool) -> str:
         return f"{who} reached a non-finite loss at step {result.trained_steps or '?'}"
     if result.outcome is not TrialOutcome.COMPLETED:
         return f"{who} failed: {result.failure_message or result.stop_reason or 'no result'}"
-    validation = result.validation
-    if validation is None:
-        return f"{who} returned no validation"
-    if "error" in validation:
-        return f"{who} could not be validated: {validation['error']}"
-    if not is_float32 and not math.isfinite(validation.get("loss", math.nan)):
+    validation = result.validation or {}
+    if not is_float32 and "loss" in validation and not math.isfinite(validation["loss"]):
         return "the pick's validation loss is non-finite"
     return ""
 
 
 def _final_gap(outcome: Confirmation) -> str:
+    """Why the pick ends worse than float32 ("" when it does not): on validation, or, where the
+    model cannot be evaluated, on the training losses of the last stretch (same batches, same
+    order for both; the noise is float32's step-to-step scatter there)."""
     last = outcome.checkpoints[-1]
-    gap = validation_gap(last.pick, last.float32)
+    if "loss" in last.float32 and "loss" in last.pick:
+        gap = validation_gap(last.pick, last.float32)
+        return f"at step {last.step}, {gap}" if gap else ""
+    if not last.float32_losses or not last.pick_losses:
+        return f"at step {last.step}, neither validation nor training losses to compare"
+    outcome.fallback = (f"the model cannot be evaluated ({last.float32.get('error', '?')}): "
+                        "compared on the training losses of the last stretch")
+    noise = NOISE_SIGMAS * standard_error(last.float32_losses)
+    gap = level_gap("training loss over the last stretch", statistics.fmean(last.pick_losses),
+                    statistics.fmean(last.float32_losses), noise, LEVEL_ALLOWANCE)
     return f"at step {last.step}, {gap}" if gap else ""
 
 
