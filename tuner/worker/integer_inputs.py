@@ -120,12 +120,5 @@ def first_rounding(model, x, checks: dict[Any, Callable]) -> tuple[Any, str, str
     return found[0] if found else None
 
 
-def rounding_of(model, x, expected: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
-    """``(layer, reason)`` for the first layer in ``expected`` that gets its integers in a
-    dtype that cannot hold them exactly under the model's current config, else None."""
-    found = first_rounding(model, x, {"integer": integer_check(expected)})
-    return None if found is None else found[1:]
-
-
 class _Rounded(Exception):
     """Raised out of the forward pass at the first layer that would round its inputs."""
