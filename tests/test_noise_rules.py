@@ -171,7 +171,7 @@ def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(
     auto.write_text("policies: [float32, mixed_float16]\n"
                     "loss_scale: {kinds: [dynamic], initial_scales: [auto], floor: 1}\n")
     space = load_space(str(auto)).with_diagnostics([], recommended_scale=1.0)
-    assert space.initial_scales == (2.0,)
+    assert space.initial_scales == (2.0, 16.0)   # 2^-4 and 2^0 raised to twice the floor
 
 
 # -- the run plan -------------------------------------------------------------------------------

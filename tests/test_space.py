@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from tuner.errors import SearchSpaceError
@@ -127,15 +129,32 @@ def test_auto_initial_scale_takes_the_diagnosed_recommendation(tmp_path):
                     "  initial_scales: [auto, 256]\n")
     space = load_space(str(path))
     assert space.initial_scales == (256.0,) and space.auto_initial_scale == "add"
-    assert space.with_diagnostics([], 2.0**20).initial_scales == (256.0, 2.0**20)
+    # Powers of two around the recommendation (capped at 2^24), after the listed scales.
+    assert space.with_diagnostics([], 2.0**20).initial_scales == (256.0, 2.0**16, 2.0**20,
+                                                                  2.0**24)
     path.write_text("policies: [float32, mixed_float16]\nloss_scale:\n  kinds: [dynamic]\n"
                     "  initial_scales: [auto]\n")
     only = load_space(str(path))
     assert only.initial_scales == (2.0**15,)  # until diagnostics run
-    diagnosed = only.with_diagnostics([], 2.0**20)
-    assert diagnosed.initial_scales == (2.0**20,)
+    diagnosed = only.with_diagnostics([], 2.0**12)
+    assert diagnosed.initial_scales == (2.0**8, 2.0**12, 2.0**16)
     config = diagnosed.suggest(FirstChoice({"policy": "mixed_float16"}))
-    assert config.loss_scale.initial_scale == 2.0**20
+    assert config.loss_scale.initial_scale == 2.0**8
+
+
+def test_growth_intervals_no_trial_reaches_are_searched_as_one(tmp_path):
+    path = tmp_path / "growth.yaml"
+    path.write_text("policies: [float32, mixed_float16]\nloss_scale:\n  kinds: [none, dynamic]\n"
+                    "  growth_steps: [10, 200, 2000]\n")
+    space = load_space(str(path))
+    fitted, notes = space.fitted_to_steps(40)
+    assert fitted.growth_steps == (10, 2000)          # 10 < 40 steps: a trial can see it grow
+    assert fitted.size() == space.size() - 1
+    assert len(notes) == 1 and "none of 200, 2000 is below the 40 steps" in notes[0]
+    assert notes[0].endswith("searched as one (2000)")
+    assert space.fitted_to_steps(300) == (space, [])   # 200 < 300: each can be seen to grow
+    unscaled = replace(space, loss_scale_kinds=("none",))
+    assert unscaled.fitted_to_steps(40) == (unscaled, [])   # nothing grows: nothing to say
 
 
 # A model with a softmax output and a LayerNormalization, as the task check reports it.

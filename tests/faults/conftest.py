@@ -2,11 +2,13 @@
 accounts for each run directory it made (``fault.account(run_dir)``, see ``accounting``); the
 session ends with one line computed from those accounts:
 
-    faults injected: N, survived: S, trials lost: L
+    faults injected: N, survived: S, trials lost: L, skipped: K
 
 N counts the fault tests that ran, S those that passed with every trial accounted for, L the
 trials lost over all of them. A test that fails before it accounted for its run counts one
-lost trial (nothing shows that it lost none)."""
+lost trial (nothing shows that it lost none). A test skipped because this machine cannot
+inject its fault (no cgroup memory controller, no ``chattr``) injected nothing: it counts in
+K only, neither survived nor lost."""
 
 from dataclasses import dataclass, field
 
@@ -20,6 +22,7 @@ class Fault:
     name: str
     accounts: list[Accounting] = field(default_factory=list)
     passed: bool = False
+    skipped: bool = False      # the machine could not inject this fault
 
     def account(self, run_dir, mlflow_uri=None) -> Accounting:
         """Account for one run directory of this fault; returns the accounting."""
@@ -29,6 +32,8 @@ class Fault:
 
     @property
     def lost(self) -> int:
+        if self.skipped:
+            return 0
         if not self.accounts:
             return 1
         return sum(len(a.lost) for a in self.accounts)
@@ -54,20 +59,25 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     record = getattr(item, "fault_record", None)
-    if record is not None and report.when == "call":
+    if record is not None and report.skipped:
+        record.skipped = True
+    elif record is not None and report.when == "call":
         record.passed = report.passed
 
 
 def summary_line(ledger: list[Fault]) -> str:
-    return (f"faults injected: {len(ledger)}, survived: {sum(f.survived for f in ledger)}, "
-            f"trials lost: {sum(f.lost for f in ledger)}")
+    ran = [f for f in ledger if not f.skipped]
+    return (f"faults injected: {len(ran)}, survived: {sum(f.survived for f in ran)}, "
+            f"trials lost: {sum(f.lost for f in ran)}, skipped: {len(ledger) - len(ran)}")
 
 
 def pytest_terminal_summary(terminalreporter):
     if not LEDGER:
         return
     for record in LEDGER:
-        if not record.survived:
+        if record.skipped:
+            terminalreporter.write_line(f"fault skipped (not injectable here): {record.name}")
+        elif not record.survived:
             details = "; ".join(a.describe() for a in record.accounts) or "no run accounted"
             terminalreporter.write_line(f"fault not survived: {record.name}: {details}")
     started = sum(len(a.started) for f in LEDGER for a in f.accounts)

@@ -4,11 +4,12 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.faults.accounting import account
+from tests.faults.accounting import Accounting, account
 from tests.faults.conftest import Fault, summary_line
 from tests.faults.test_faults import SPACE, TASK
 
@@ -97,4 +98,14 @@ def test_a_dropped_record_is_reported_as_a_lost_trial(clean_run, tmp_path, drop,
     record = Fault("dropped")
     record.accounts.append(accounting)
     record.passed = True
-    assert summary_line([record]) == "faults injected: 1, survived: 0, trials lost: 1"
+    assert summary_line([record]) == \
+        "faults injected: 1, survived: 0, trials lost: 1, skipped: 0"
+
+
+def test_a_fault_this_machine_cannot_inject_counts_as_skipped_only():
+    survived, skipped = Fault("killed worker"), Fault("no cgroup here")
+    survived.accounts.append(Accounting(run_dir=Path("run")))
+    survived.passed = True
+    skipped.skipped = True   # nothing accounted: would otherwise count one lost trial
+    assert summary_line([survived, skipped]) == \
+        "faults injected: 1, survived: 1, trials lost: 0, skipped: 1"

@@ -47,6 +47,11 @@ def test_underflowing_gradients_ask_for_a_large_loss_scale(task_path):
             assert layer["weight_gradient"]["underflow_fraction"] > 0.5, layer["layer"]
     assert diagnostics["loss_scale"]["exponent"] >= 20
     assert diagnostics["candidates"] == []  # placement is not the fix here; scaling is
+    # Per layer: float16 flushes every weight gradient at scale 1, none at the recommended one.
+    for layer in diagnostics["layers"]:
+        if layer["weight_gradient"]:
+            assert layer["weight_gradient_flushed"]["at_1"] > 0.9, layer["layer"]
+            assert layer["weight_gradient_flushed"]["at_recommended"] < 0.01, layer["layer"]
 
 
 def test_healthy_model_has_no_overflow(task_path):

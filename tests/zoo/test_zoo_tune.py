@@ -24,6 +24,15 @@ trial: {steps: 9, warmup_steps: 4}
 """
 
 
+# What each model's 16-bit trial must come to. A model not listed trains stably in
+# mixed_bfloat16; these two fail, for the named reason, in the named layer, and the repair
+# the tuner then tries (that layer in float32, a third trial) trains stably.
+EXPECTED_FAILURES = {
+    "add_loss": ("dtype_mismatch", "activity_regularization"),   # its add_loss term is 16-bit
+    "float_token_ids": ("integer_rounding", "token_embedding"),  # ids up to 4999 as floats
+}
+
+
 @pytest.fixture(scope="module")
 def executor():
     from tuner.execution.local import LocalProcessExecutor
@@ -41,7 +50,8 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     space = tmp_path / "zoo.yaml"
     space.write_text(SPACE)
     plan = resolve(Flags(task_path=ZOO / f"{name}.py", run_dir=tmp_path / "run",
-                         space=str(space)), None)
+                         space=str(space), trials=3 if name in EXPECTED_FAILURES else None),
+                   None)
     info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers)
     plan, notes = plan.fitted_to(info["float32_matches"])
     # Groups that select nothing in this model are gone from the space, each with a line.
@@ -53,14 +63,26 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     plan = plan.with_diagnostics(diagnostics)
     from dataclasses import replace
 
-    plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2))
+    # Verdicts are the point: no trial is stopped early for being slow on this CPU.
+    plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2),
+                   slow_factor=1e9)
     summary = tune(plan, executor, diagnostics=diagnostics, task_info=info)
 
     trials = read_trials(plan.run_dir)
     assert [t["config"]["policy"] for t in trials][:1] == ["float32"]
-    assert len(trials) == 2 and trials[0]["verdict"] == "stable", trials[0]["reason"]
+    assert trials[0]["verdict"] == "stable", trials[0]["reason"]
     assert trials[1]["config"]["policy"] == "mixed_bfloat16"
-    assert trials[1]["verdict"] in ("stable", "unstable", "failed", "stopped_slow")
+    if name in EXPECTED_FAILURES:
+        failure_class, layer = EXPECTED_FAILURES[name]
+        assert len(trials) == 3
+        assert trials[1]["verdict"] == "failed", trials[1]["reason"]
+        assert trials[1]["result"]["failure_class"] == failure_class
+        assert trials[1]["result"]["failure_layer"].endswith(layer)
+        assert trials[2]["config"]["float32"]["layers"][-1].endswith(layer)   # the repair
+        assert trials[2]["verdict"] == "stable", trials[2]["reason"]
+    else:
+        assert len(trials) == 2
+        assert trials[1]["verdict"] == "stable", trials[1]["reason"]
     # Every trial was validated, on held-back data (no zoo model defines val_data()), through
     # the model's own evaluate; a test_step that never computes its loss is named, not trusted.
     validation = trials[0]["result"]["validation"]

@@ -38,6 +38,7 @@ class Judgement:
     loss_decrease_ratio: float | None
     median_step_ms: float | None
     note: str = ""                    # context a reader needs (e.g. float32 barely learned)
+    shortfall: bool = False           # unstable for learning less or ending worse than float32
 
     @property
     def stable(self) -> bool:
@@ -160,7 +161,7 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
     gap = validation_gap(result.validation, baseline.validation)
     if gap:
         return Judgement(Verdict.UNSTABLE, gap, judgement.loss_decrease_ratio, median,
-                         judgement.note)
+                         judgement.note, shortfall=True)
     return judgement
 
 
@@ -230,16 +231,17 @@ def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: flo
         note = _barely_learned(base, noise, len(baseline.losses))
         if gap > margin:
             return Judgement(Verdict.UNSTABLE, f"ended at a loss {gap:.3g} above float32's "
-                             f"(beyond its noise of {margin:.2g}); {note}", None, median, note)
+                             f"(beyond its noise of {margin:.2g}); {note}", None, median, note,
+                             shortfall=True)
         return Judgement(Verdict.STABLE, "", None, median, note)
     ratio = mine / base
     if ratio < tolerance and base - mine > margin:
         return Judgement(Verdict.UNSTABLE, f"reached {ratio:.0%} of float32's loss decrease "
-                         f"(needs {tolerance:.0%})", ratio, median)
+                         f"(needs {tolerance:.0%})", ratio, median, shortfall=True)
     window = _window(len(baseline.losses))
     level = level_gap("ended at a training loss", statistics.fmean(result.losses[-window:]),
                        statistics.fmean(baseline.losses[-window:]), margin, LEVEL_ALLOWANCE)
     if level:
         return Judgement(Verdict.UNSTABLE, f"{level}, although it reached {ratio:.0%} of "
-                         "float32's loss decrease", ratio, median)
+                         "float32's loss decrease", ratio, median, shortfall=True)
     return Judgement(Verdict.STABLE, "", ratio, median)

@@ -6,8 +6,10 @@ import math
 
 from typing import Any
 
+from tuner.judging.underflow import gradient_histograms, underflow_note
+
 HEADERS = ["layer", "class", "act max", "act >f16 max", "act <f16 normal", "grad max",
-           "grad <f16 min", "w-grad <f16 min", "bf16 err", "risk"]
+           "grad <f16 min", "w-grad flushed @1", "w-grad flushed @rec", "bf16 err", "risk"]
 
 
 def _pct(value: float | None) -> str:
@@ -24,13 +26,22 @@ def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str
     layers = sorted(diagnostics["layers"], key=lambda layer: (-layer["risk"], layer["layer"]))
     table = []
     for layer in layers[:limit]:
-        act, grad, wgrad = layer["activation"], layer["gradient"], layer["weight_gradient"]
+        act, grad = layer["activation"], layer["gradient"]
         table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
                       _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),
                       _num(grad["abs_max"]), _pct(grad["underflow_fraction"]),
-                      _pct(wgrad["underflow_fraction"]) if wgrad else "-",
+                      *_flushed(layer),
                       _pct(act["bf16_rel_error"]), f"{layer['risk']:.2f}"])
     return table
+
+
+def _flushed(layer: dict[str, Any]) -> list[str]:
+    """The share of the layer's weight gradients float16 flushes to zero at scale 1 and at
+    the recommended scale (diagnostics from before the histograms: scale 1 only)."""
+    flushed, wgrad = layer.get("weight_gradient_flushed"), layer["weight_gradient"]
+    if flushed:
+        return [_pct(flushed["at_1"]), _pct(flushed["at_recommended"])]
+    return [_pct(wgrad["underflow_fraction"]) if wgrad else "-", "-"]
 
 
 def describe_integers(entry: dict[str, Any]) -> str:
@@ -93,6 +104,11 @@ def conclusions(diagnostics: dict[str, Any]) -> list[str]:
                  + ("it lifts the smallest gradients out of float16's subnormal range)"
                     if scale["lifts_p01_to_normal"] else
                     "the smallest 1% of gradients stay subnormal in float16 even so)"))
+    histograms = gradient_histograms(diagnostics)
+    for scale in sorted({1.0, float(scale["initial_scale"])}):
+        flushed = underflow_note(histograms, scale)
+        if flushed:
+            lines.append(flushed)
     return lines
 
 
@@ -107,8 +123,9 @@ def markdown(diagnostics: dict[str, Any]) -> str:
 def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) -> None:
     from rich.table import Table
 
-    table = Table(title="per-layer ranges in float32, worst first "
-                        "(>f16 max: would overflow; <f16 min: would flush to zero)")
+    table = Table(title="per-layer ranges in float32, worst first (>f16 max: would overflow; "
+                        "<f16 min, flushed: would flush to zero, at loss scale 1 or at the "
+                        "recommended scale)")
     for header in HEADERS:
         table.add_column(header, justify="left" if header in ("layer", "class") else "right",
                          overflow="fold")

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate
 from tuner.trial_types import TrialResult
+from tuner.judging.underflow import gradient_histograms, underflow_note
 from tuner.judging.verdict import Judgement
 from tuner.records.diagnostics_report import markdown
 from tuner.records.mlflow_text import (SUMMARY_TABLE, config_params, placement_text, table_html,
@@ -131,6 +132,8 @@ class Tracker:
                                 ", ".join(diagnostics["candidates"][:10]))
         self.client.set_tag(self.parent_id, "recommended_initial_loss_scale",
                             f"2^{diagnostics['loss_scale']['exponent']}")
+        self.client.set_tag(self.parent_id, "float16_gradient_underflow_at_scale_1",
+                            underflow_note(gradient_histograms(diagnostics), 1.0) or "none")
 
     def resume_parent(self, parent_id: str, recorded: set[str] = frozenset()) -> set[str]:
         """Continue an interrupted job's parent run. Its trial runs still open are ended as

@@ -91,6 +91,11 @@ def headline(summary: "TuneSummary") -> list[str]:
         if summary.best.placed and summary.best_config and \
                 (summary.best_config.float32.groups or summary.best_config.float32.layers):
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")
+        why = (summary.best_config.provenance or {}).get("loss_scale_why") \
+            if summary.best_config else None
+        # Without a loss scale, the re-measurement's note gives the evidence.
+        if why and summary.best_config.loss_scale.kind != "none":
+            lines.append(f"loss scale: {why}")
     lines += summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
     lines += confirmation_lines(summary)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.apply.config import PrecisionConfig
+from tuner.run.loss_scale_why import loss_scale_why
 from tuner.run.plan import RunPlan
 from tuner.run.remeasure import Remeasured
 from tuner.records.results import TrialRow, TuneSummary, row_record
@@ -54,6 +55,7 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "objective": plan.objective,
         "training_memory_bytes": (best.result.training_memory or {}).get("total_bytes"),
         "confirmation": _confirmation_record(best, outcome),
+        "loss_scale_why": loss_scale_why(best.config, best.result, plan),
         "machine": machine_description(),
         "tensorflow": task_info.get("tensorflow", "?"),
         "keras": task_info.get("keras", "?"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from tuner.apply.config import compute_dtype_of
 from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
@@ -19,6 +19,7 @@ from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
+from tuner.judging.underflow import gradient_histograms
 from tuner.search.space import MIN_TIMED_STEPS, SearchSpace
 from tuner.search.space_files import load_space
 from tuner.search.space_files import looks_like_path
@@ -87,6 +88,11 @@ class RunPlan:
     continuous_inputs: tuple[dict[str, Any], ...] = ()
     # The diagnostics' smallest 1% of weight gradients: whether float16 needs a loss scale.
     gradient_p01: float | None = None
+    # Each layer's weight-gradient exponent histogram (tuner.judging.underflow), by layer.
+    gradient_histograms: Mapping[str, Mapping[str, int]] | None = None
+    recommended_scale: float | None = None   # the diagnostics' initial loss scale
+    gradient_abs_max: float | None = None    # ... from this largest weight gradient
+    growth_note: str = ""                     # why growth intervals were searched as one
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
     objective: str = "speed"            # speed | memory | balanced (tuner.judging.objective)
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
@@ -133,12 +139,18 @@ class RunPlan:
 
     def fitted_to(self, matches: dict[str, Any],
                   optimizer: dict[str, Any] | None = None) -> tuple["RunPlan", list[str]]:
-        """The plan over the space fitted to the model and its optimizer: float32 groups that
-        select no layer and optimizer epsilons the optimizer cannot take dropped (one line each,
-        returned); a pattern that selects none is refused (SearchSpaceError, exit 2)."""
+        """The plan over the space fitted to the model, its optimizer and the trials' length:
+        float32 groups that select no layer, optimizer epsilons the optimizer cannot take and
+        growth intervals no trial reaches dropped (one line each, returned); a pattern that
+        selects none is refused (SearchSpaceError, exit 2)."""
         space, notes = self.space.fitted(matches, optimizer)
+        # Every trial trains at least the space's steps where the baseline sizes the count.
+        sized = self.sizing is not None or bool(self.sized_by)
+        space, growth = space.fitted_to_steps(self.space.budget.steps if sized else self.steps)
+        notes += growth
         trials = space.size() if self.exhaustive else self.trials
-        return dataclasses.replace(self, space=space, trials=trials, matches=matches), notes
+        return dataclasses.replace(self, space=space, trials=trials, matches=matches,
+                                   growth_note=growth[0] if growth else ""), notes
 
     def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
         """The plan without the policies whose compute dtype the device's ceiling says cannot
@@ -174,7 +186,10 @@ class RunPlan:
             self, space=space, trials=trials,
             integer_inputs=tuple(diagnostics.get("integer_inputs", ())),
             continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())),
-            gradient_p01=diagnostics.get("gradient_p01_nonzero"))
+            gradient_p01=diagnostics.get("gradient_p01_nonzero"),
+            gradient_histograms=gradient_histograms(diagnostics),
+            recommended_scale=diagnostics["loss_scale"]["initial_scale"],
+            gradient_abs_max=diagnostics.get("gradient_abs_max"))
 
 
 def space_ref(space: str) -> str:

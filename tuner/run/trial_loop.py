@@ -8,16 +8,18 @@ proposer. Choosing configs is the proposer's job, re-timing the finalists ``tune
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 from tuner import interrupt
-from tuner.apply.config import PrecisionConfig
+from tuner.apply.config import PrecisionConfig, compute_dtype_of
 from tuner.errors import TunerError
 from tuner.run.plan import RunPlan
 from tuner.search.proposer import Proposal, Proposer
 from tuner.records.results import NoProgress, Progress, TrialRow
 from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.judging.underflow import underflow_note
 from tuner.judging.verdict import Judgement, judge
 
 # Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
@@ -28,6 +30,17 @@ LIVE_MODELS_MEMORY_BOUND = 512 * 2**20
 # The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
 # another trial shared the node is noisier and biased upwards: widen the limit by this much.
 SHARED_TIMING_WIDENING = 1.5
+
+
+def trained_scale(result: TrialResult, config: PrecisionConfig) -> float:
+    """The loss scale a float16 trial ended at: 1 without one, a fixed scale's value, where
+    a dynamic scale had got to."""
+    scale = config.loss_scale
+    if scale.kind == "fixed" and scale.value:
+        return scale.value
+    if scale.kind == "dynamic":
+        return next((s for s in reversed(result.loss_scales) if s), scale.initial_scale)
+    return 1.0
 
 
 class TrialRecords(Protocol):
@@ -87,13 +100,21 @@ class Scheduler:
             return None
         return base.judgement.median_step_ms / row.judgement.median_step_ms
 
-    def judge(self, result: TrialResult) -> Judgement:
+    def judge(self, result: TrialResult, config: PrecisionConfig) -> Judgement:
         budget = self.plan.space.budget
-        return judge(result, self.baseline.result if self.baseline else None,
-                     floor=self.plan.space.loss_scale_floor,
-                     max_skipped_fraction=budget.max_skipped_fraction,
-                     min_loss_decrease_ratio=self.plan.tolerance,
-                     expected_steps=self.plan.steps)
+        judgement = judge(result, self.baseline.result if self.baseline else None,
+                          floor=self.plan.space.loss_scale_floor,
+                          max_skipped_fraction=budget.max_skipped_fraction,
+                          min_loss_decrease_ratio=self.plan.tolerance,
+                          expected_steps=self.plan.steps)
+        if judgement.shortfall and compute_dtype_of(config.policy) == "float16" \
+                and self.plan.gradient_histograms:
+            # A float16 trial that learned too little: name the layers whose gradients
+            # vanish at the scale it trained at, from the diagnostics' histograms.
+            note = underflow_note(self.plan.gradient_histograms, trained_scale(result, config))
+            if note:
+                judgement = dataclasses.replace(judgement, reason=f"{judgement.reason}; {note}")
+        return judgement
 
     def account(self, result: TrialResult, phase: str = "trials") -> TrialResult:
         """Count a run's time: in the totals and in ``phase``'s worker time."""
@@ -119,7 +140,7 @@ class Scheduler:
         for record in sorted(records, key=lambda r: r["number"]):
             config = PrecisionConfig.from_dict(record["config"])
             result = TrialResult.from_dict(record["result"])
-            row = TrialRow(result.number, config, result, self.judge(result),
+            row = TrialRow(result.number, config, result, self.judge(result, config),
                            record.get("run_id"), record.get("optuna_number"),
                            bool(record.get("repair")))
             self.rows.append(row)
@@ -138,7 +159,7 @@ class Scheduler:
         number = max((r.number for r in self.rows), default=-1) + 1
         while True:
             capacity = 1 if not self.rows else self.executor.slots
-            while self.executor.in_flight() < capacity and self._budget_used < self.plan.trials:
+            while self.executor.in_flight() < capacity and self._may_propose():
                 pending_keys = {p.key for p in self.pending.values()}
                 proposal = self.proposer.next(pending_keys)
                 if proposal is None:
@@ -153,6 +174,12 @@ class Scheduler:
             for result in self.executor.wait_any():
                 self._finish(self.pending.pop(result.number), self.account(result))
             interrupt.raise_if_requested()
+
+    def _may_propose(self) -> bool:
+        """Within the trial budget; under --exhaustive a repair may always run (it is an
+        extra try, never one of the grid's configs)."""
+        return self._budget_used < self.plan.trials or \
+            (self.plan.exhaustive and self.proposer.has_repairs)
 
     def _submit(self, number: int, proposal: Proposal) -> None:
         # Repairs are extra tries: they never cost the grid a config under --exhaustive.
@@ -204,7 +231,8 @@ class Scheduler:
         if not self.rows and self.plan.sizing is not None and \
                 result.outcome is TrialOutcome.COMPLETED:
             self._size(result)
-        row = TrialRow(result.number, proposal.config, result, self.judge(result),
+        row = TrialRow(result.number, proposal.config, result,
+                       self.judge(result, proposal.config),
                        optuna_number=trial.number if trial is not None else None,
                        repair=proposal.is_repair)
         if not self.rows and not row.judgement.stable:

@@ -1,7 +1,7 @@
 """Where the next config is chosen: fixed configs first, then Optuna's suggestions.
 
 The proposer sees plain data only (configs, keys, verdicts), like KerasTuner's oracle. Order:
-dtype-mismatch repairs (outside the space: the failing layer placed in float32), then the fixed
+repairs (outside the space: a failing or first non-finite layer in float32), then the fixed
 queue (the float32 baseline, the configs diagnostics recommends, trials a kill interrupted, and
 — when the budget covers the space or ``--exhaustive`` — every config of the space once), then
 Optuna's sampler.
@@ -93,6 +93,11 @@ class Proposer:
                 seen.add(key)
                 todo.append(params)
         return todo
+
+    @property
+    def has_repairs(self) -> bool:
+        """A repair is waiting to be proposed."""
+        return bool(self._repairs)
 
     @property
     def exhausted(self) -> bool:
@@ -202,9 +207,14 @@ REPAIRABLE = (FailureClass.DTYPE_MISMATCH, FailureClass.INTEGER_ROUNDING,
 def repair_for(row) -> PrecisionConfig | None:
     """A failure that names its layer and that float32 can cure (a dtype mismatch, integers
     rounded, an index pushed out of range, a numerics check): that layer in float32 is worth
-    one trial."""
+    one trial. So is the layer whose output first went non-finite in a 16-bit forward pass
+    (an overflow inside it, a hand-written softmax's ``exp``), once: the next layer's overflow
+    after that repair is left to the search's float32 placements, so that a chain of layers
+    cannot spend the whole budget on repairs."""
     layer = row.result.failure_layer
-    if (row.result.failure_class not in REPAIRABLE or not layer
+    repairable = row.result.failure_class in REPAIRABLE or (
+        row.result.first_non_finite_step is not None and not row.repair)
+    if (not repairable or not layer
             or layer in row.config.float32.layers or row.config.policy == "float32"):
         return None
     placement = Float32Placement(row.config.float32.groups, row.config.float32.layers + (layer,))

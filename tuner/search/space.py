@@ -19,6 +19,12 @@ from tuner.search.layer_matches import (effective_placement, group_paths, no_lay
                                         pattern_paths, placed_layers)
 
 MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
+# `initial_scales: [auto]` searches powers of two around the diagnostics' recommendation: a
+# short trial can tell a scale that overflows (the dynamic scale backs off, skipping steps)
+# from one that lets small gradients flush (it learns less), while the recommendation itself
+# comes from three float32 steps' largest gradient.
+AUTO_SCALE_EXPONENTS = (-4, 0, 4)
+MAX_INITIAL_SCALE = 2.0**24
 
 __all__ = ["SearchSpace", "TrialBudget", "Suggester",
            "effective_placement", "placed_layers"]
@@ -127,17 +133,40 @@ class SearchSpace:
             epsilons = (None,)
         return replace(self, float32_groups=tuple(kept), optimizer_epsilons=epsilons), notes
 
+    def fitted_to_steps(self, steps: int) -> tuple["SearchSpace", list[str]]:
+        """This space without growth intervals a ``steps``-step trial cannot tell apart: a
+        dynamic scale grows only after that many overflow-free steps in a row, so every value
+        of at least ``steps`` gives the same trial. They are searched as one, the largest
+        (Keras's default is 2000), with one line saying so (returned)."""
+        reachable = tuple(g for g in self.growth_steps if g < steps)
+        unreachable = [g for g in self.growth_steps if g >= steps]
+        if len(unreachable) < 2 or not self._searches_dynamic_scale():
+            return self, []
+        kept = max(unreachable)
+        listed = ", ".join(str(g) for g in self.growth_steps)
+        note = (f"loss_scale.growth_steps [{listed}]: a dynamic scale grows only after that many "
+                f"overflow-free steps in a row, and none of "
+                f"{', '.join(str(g) for g in sorted(unreachable))} is below the {steps} steps "
+                f"every trial trains, so they would give the same trial: searched as one "
+                f"({kept})")
+        return replace(self, growth_steps=reachable + (kept,)), [note]
+
+    def _searches_dynamic_scale(self) -> bool:
+        return "dynamic" in self.loss_scale_kinds and \
+            any(compute_dtype_of(p) == "float16" for p in self.policies)
+
     def with_diagnostics(self, ranked_layers: Sequence[str],
                          recommended_scale: float | None = None) -> "SearchSpace":
         """This space with what diagnostics found: the riskiest layers (for `auto_layers`) and
         the recommended initial loss scale (for `initial_scales: [auto, ...]`)."""
         scales = self.initial_scales
-        if recommended_scale is not None:
-            # Never the floor itself: a scale that starts there reads as collapsed at once.
-            recommended_scale = max(float(recommended_scale), 2.0 * self.loss_scale_floor)
         if self.auto_initial_scale and recommended_scale:
-            scales = (float(recommended_scale),) if self.auto_initial_scale == "only" else \
-                scales + tuple(s for s in (float(recommended_scale),) if s not in scales)
+            # Never the floor itself: a scale that starts there reads as collapsed at once.
+            around = sorted({min(MAX_INITIAL_SCALE, max(float(recommended_scale) * 2.0**k,
+                                                        2.0 * self.loss_scale_floor))
+                             for k in AUTO_SCALE_EXPONENTS})
+            scales = tuple(around) if self.auto_initial_scale == "only" else \
+                scales + tuple(s for s in around if s not in scales)
         return replace(self, risky_layers=tuple(ranked_layers[:self.float32_auto_layers]),
                        initial_scales=scales)
 

@@ -6,10 +6,13 @@ its largest magnitude; the fraction of values that would overflow float16 (> 655
 fraction of non-zero values that would underflow float16 (flush to zero below 2^-24, or lose
 precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
 From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
-loss scale. Layers that receive float tensors carrying integers beyond 16-bit's exact range
-(``integer_inputs``, see tuner.worker.integer_inputs), and layers that receive continuous
-features that a 16-bit cast erases (``continuous_inputs``: a large offset, a small spread, see
-tuner.worker.continuous_inputs) are candidates ahead of all others.
+loss scale. Each gradient also keeps a histogram of its values' binary exponents, so that the
+share float16 flushes to zero can be read at any loss scale (``flushed_fraction``): per layer,
+at scale 1 and at the recommended scale (``weight_gradient_flushed``), the evidence the mixed
+precision paper chose its scales by. Layers that receive float tensors carrying integers beyond
+16-bit's exact range (``integer_inputs``, see tuner.worker.integer_inputs), and layers that
+receive continuous features that a 16-bit cast erases (``continuous_inputs``: a large offset, a
+small spread, see tuner.worker.continuous_inputs) are candidates ahead of all others.
 Plain data out (``diagnose_task`` returns a dict).
 """
 
@@ -19,6 +22,7 @@ import math
 from typing import Any
 
 import numpy as np
+from tuner.judging.underflow import flushed_fraction
 from tuner.worker.trial import reset_keras_state
 
 FLOAT16_MAX = 65504.0
@@ -46,6 +50,8 @@ def tensor_stats(values) -> dict[str, float]:
     else:
         bf16_error, small = 0.0, 0.0
     count = max(1, array.size)
+    exponents, counts = np.unique(np.floor(np.log2(nonzero)).astype(np.int64),
+                                  return_counts=True) if nonzero.size else ((), ())
     return {
         "abs_max": float(magnitude.max()) if magnitude.size else 0.0,
         "p01_nonzero": small,
@@ -56,13 +62,19 @@ def tensor_stats(values) -> dict[str, float]:
         "subnormal_fraction": float(np.count_nonzero(nonzero < FLOAT16_MIN_NORMAL)
                                     / max(1, nonzero.size)),
         "bf16_rel_error": bf16_error,
+        # How many non-zero values have each binary exponent: |v| in [2^e, 2^(e+1)).
+        "log2_counts": {str(int(e)): int(c) for e, c in zip(exponents, counts)},
     }
 
 
 def _merge(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
     if old is None:
         return new
-    merged = {key: max(old[key], new[key]) for key in old}
+    merged = {key: max(old[key], new[key]) for key in old if key != "log2_counts"}
+    counts = dict(old.get("log2_counts", {}))
+    for exponent, count in new.get("log2_counts", {}).items():
+        counts[exponent] = counts.get(exponent, 0) + count
+    merged["log2_counts"] = counts
     merged["p01_nonzero"] = min(v for v in (old["p01_nonzero"], new["p01_nonzero"]) if v) \
         if old["p01_nonzero"] or new["p01_nonzero"] else 0.0
     return merged
@@ -180,8 +192,15 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
     continuous_inputs = continuous.entries()
     candidates = _candidates(layers, [*integer_inputs, *(e["layer"] for e in continuous_inputs)])
+    loss_scale = recommend_loss_scale(grad_max, grad_p01)
+    for layer in layers:
+        if layer["weight_gradient"]:
+            layer["weight_gradient_flushed"] = {
+                "at_1": flushed_fraction(layer["weight_gradient"], 1.0),
+                "at_recommended": flushed_fraction(layer["weight_gradient"],
+                                                   loss_scale["initial_scale"])}
     return {"task": str(task.path), "steps": steps, "layers": layers,
             "candidates": candidates, "integer_inputs": list(integer_inputs.values()),
             "continuous_inputs": continuous_inputs,
-            "loss_scale": recommend_loss_scale(grad_max, grad_p01),
+            "loss_scale": loss_scale,
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
