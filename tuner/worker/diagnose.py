@@ -112,6 +112,15 @@ def _candidates(layers: list[dict[str, Any]], rounded_inputs: list[str]) -> list
     return candidates + [layer["layer"] for layer in ranked if layer["layer"] not in candidates]
 
 
+def _add_flushed_shares(layers: list[dict[str, Any]], recommended: float) -> None:
+    """Each layer's share of weight gradients float16 flushes, at scale 1 and ``recommended``."""
+    for layer in layers:
+        if layer["weight_gradient"]:
+            layer["weight_gradient_flushed"] = {
+                "at_1": flushed_fraction(layer["weight_gradient"], 1.0),
+                "at_recommended": flushed_fraction(layer["weight_gradient"], recommended)}
+
+
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
     from tuner.worker.task_loader import fixed_batches, load_task
     reset_keras_state(seed)
@@ -193,12 +202,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     continuous_inputs = continuous.entries()
     candidates = _candidates(layers, [*integer_inputs, *(e["layer"] for e in continuous_inputs)])
     loss_scale = recommend_loss_scale(grad_max, grad_p01)
-    for layer in layers:
-        if layer["weight_gradient"]:
-            layer["weight_gradient_flushed"] = {
-                "at_1": flushed_fraction(layer["weight_gradient"], 1.0),
-                "at_recommended": flushed_fraction(layer["weight_gradient"],
-                                                   loss_scale["initial_scale"])}
+    _add_flushed_shares(layers, loss_scale["initial_scale"])
     return {"task": str(task.path), "steps": steps, "layers": layers,
             "candidates": candidates, "integer_inputs": list(integer_inputs.values()),
             "continuous_inputs": continuous_inputs,
