@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from tuner.cli.arguments import gain, positive_int, ratio, seconds
+from tuner.errors import UsageError
 
 
 def add_tune_parser(commands) -> argparse.ArgumentParser:
@@ -102,3 +103,46 @@ def _where_it_runs(group) -> None:
     group.add_argument("--executor", choices=("ray", "local"), default="ray",
                       help="ray: trials on Ray actors; local: one plain subprocess, no Ray "
                            "[default: %(default)s]")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """The tune parser for Python callers: a bad value raises UsageError with argparse's line
+    (the CLI prints the same line and exits 2)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}. See help(tuner.tune) or `precision-tuner tune --help`")
+
+
+def _tune_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    return add_tune_parser(parser.add_subparsers(parser_class=_RaisingParser))
+
+
+def tune_keywords(tune: argparse.ArgumentParser | None = None) -> dict[str, argparse.Action]:
+    """Every option of ``tune`` by its keyword name (``--min-gain`` is ``min_gain``)."""
+    tune = tune or _tune_parser()
+    return {action.dest: action for action in tune._actions
+            if action.option_strings and action.dest != "help"}
+
+
+def parse_tune_keywords(task: str, options: dict) -> argparse.Namespace:
+    """The Namespace ``precision-tuner tune TASK ...`` would give for these keyword arguments:
+    the CLI's own parser checks every value, so both refuse a bad one with the same line."""
+    tune = _tune_parser()
+    actions = tune_keywords(tune)
+    argv = [str(task)]
+    for name, value in options.items():
+        action = actions.get(name)
+        if action is None:
+            raise UsageError(f"tune() got an unknown keyword argument {name!r}. Choose from: "
+                             f"{', '.join(sorted(actions))}")
+        if value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise UsageError(f"tune(): {name} must be True or False. Received: "
+                                 f"{name}={value!r}")
+            argv += [action.option_strings[0]] if value else []
+        else:
+            argv += [action.option_strings[0], str(value)]
+    return tune.parse_args(argv)

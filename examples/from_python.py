@@ -1,0 +1,55 @@
+"""Tuning from Python, as in a notebook: the model, the data and the loss are defined here, in
+``__main__`` (nothing to import from a task file), and handed to ``tuner.tune``.
+
+Run it:  python examples/from_python.py [--executor local|ray] [--run-dir DIR]
+Each block below is what a notebook cell would hold.
+"""
+
+import argparse
+
+import keras
+import numpy as np
+
+import tuner
+
+# -- cell 1: data already in memory ----------------------------------------------------------
+rng = np.random.default_rng(0)
+x = rng.normal(size=(2048, 32)).astype("float32")
+y = (x[:, :8].sum(axis=1) > 0).astype("int64")
+
+
+# -- cell 2: the model, a function that builds it afresh ------------------------------------
+def build_model():
+    inputs = keras.Input(shape=(32,))
+    h = keras.layers.Dense(256, activation="relu")(inputs)
+    h = keras.layers.Dense(256, activation="relu")(h)
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--executor", default="local", choices=("local", "ray"))
+    parser.add_argument("--run-dir", default=None)
+    args = parser.parse_args()
+
+    # -- cell 3: tune (the CLI's options are keyword arguments) ------------------------------
+    result = tuner.tune(build_model=build_model, train_data=(x, y),
+                        loss="sparse_categorical_crossentropy",
+                        optimizer=lambda: keras.optimizers.Adam(1e-3),
+                        batch_size=128, space="quick", trials=3, steps=20, no_confirm=True,
+                        executor=args.executor, run_dir=args.run_dir)
+    print(result)
+    print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])
+
+    # -- cell 4: apply the pick to your own training -----------------------------------------
+    cfg = result.best
+    with cfg.scope():
+        model = build_model()
+    model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)),
+                  loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
+    history = model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+    print(f"applied {cfg.describe()}: one epoch, loss {history.history['loss'][-1]:.4f}")
+
+
+if __name__ == "__main__":
+    main()

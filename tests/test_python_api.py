@@ -1,0 +1,93 @@
+"""tuner.tune from Python: the CLI's options as keyword arguments (one definition), its errors
+as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned end to end."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tuner
+from tests.conftest import ROOT
+from tuner.cli.app import build_parser
+from tuner.cli.tune_options import parse_tune_keywords, tune_keywords
+from tuner.errors import UsageError
+
+
+def _cli_tune_options():
+    parser = build_parser()
+    tune = next(action for action in parser._actions if action.dest == "command").choices["tune"]
+    return {action.dest: action.option_strings[0] for action in tune._actions
+            if action.option_strings and action.dest != "help"}
+
+
+def test_every_cli_flag_is_a_keyword_argument_with_its_default():
+    cli = _cli_tune_options()
+    keywords = tune_keywords()
+    assert set(keywords) == set(cli)
+    for name, flag in cli.items():
+        assert keywords[name].option_strings[0] == flag
+        assert flag == "--" + name.replace("_", "-")   # the keyword is the flag's own name
+    parsed = parse_tune_keywords("task.py", {})
+    assert parsed.finalists == 3 and parsed.min_gain == 0.03 and parsed.executor == "ray"
+    parsed = parse_tune_keywords("task.py", {"min_gain": 0.05, "no_confirm": True,
+                                             "trials": 4})
+    assert (parsed.min_gain, parsed.no_confirm, parsed.trials) == (0.05, True, 4)
+
+
+@pytest.mark.parametrize("options, flags", [
+    ({"trials": 0}, ["--trials", "0"]),
+    ({"objective": "fastest"}, ["--objective", "fastest"]),
+    ({"min_gain": -1}, ["--min-gain", "-1"]),
+])
+def test_a_bad_argument_raises_the_line_the_cli_prints(tmp_path, options, flags):
+    with pytest.raises(UsageError) as raised:
+        parse_tune_keywords("task.py", options)
+    cli = subprocess.run([sys.executable, "-m", "tuner", "tune", "task.py", *flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2
+    message = str(raised.value).split(". See ")[0]
+    assert message and message in cli.stderr, (message, cli.stderr)
+
+
+def test_unknown_and_conflicting_arguments_are_refused_in_one_line(tmp_path):
+    with pytest.raises(UsageError, match="unknown keyword argument 'trails'"):
+        parse_tune_keywords("task.py", {"trails": 3})
+    with pytest.raises(UsageError, match="no_confirm must be True or False"):
+        parse_tune_keywords("task.py", {"no_confirm": "yes"})
+    with pytest.raises(UsageError, match="not both"):
+        tuner.tune("task.py", build_model=lambda: None)
+    with pytest.raises(UsageError, match="missing: train_data, loss"):
+        tuner.tune(build_model=lambda: None, run_dir=tmp_path / "run")
+    with pytest.raises(UsageError, match="optimizer must be a function"):
+        tuner.tune(build_model=lambda: None, train_data=([1.0], [1.0]), loss="mse",
+                   optimizer=object(), run_dir=tmp_path / "run")
+
+
+def test_a_run_directory_without_a_run_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="holds no precision-tuner run"):
+        tuner.load_result(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_model_defined_in_main_tunes_and_its_pick_applies(tmp_path, executor):
+    """examples/from_python.py in a fresh interpreter: build_model and the arrays live in its
+    __main__ (not importable by a worker), shipped by value."""
+    run_dir = tmp_path / "run"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "from_python.py"), "--executor", executor,
+         "--run-dir", str(run_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "applied " in completed.stdout and "one epoch, loss" in completed.stdout
+    result = tuner.load_result(run_dir)
+    frame = result.trials
+    finished = (run_dir / "trials.jsonl").read_text().splitlines()
+    assert len(frame) == len(finished) >= 3          # one row per trial that ran
+    assert frame["trial"].tolist() == list(range(len(frame)))
+    assert frame.loc[0, "policy"] == "float32" and frame.loc[0, "verdict"] == "stable"
+    assert result.best is not None and result.speedup is not None
+    assert result.speedup.low <= result.speedup.value <= result.speedup.high
+    assert result.decision
+    assert "<table" in result._repr_html_()
+    saved = result.save(tmp_path / "best.yaml")
+    assert tuner.PrecisionConfig.load(saved) == result.best
