@@ -115,9 +115,9 @@ class LossScale:
 
     def describe(self) -> str:
         if self.kind == "dynamic":
-            return f"dynamic {_power_of_two(self.initial_scale)}"
+            return f"dynamic {power_of_two(self.initial_scale)}"
         if self.kind == "fixed":
-            return f"fixed {_power_of_two(self.value)}"
+            return f"fixed {power_of_two(self.value)}"
         return "no loss scale"
 
 
@@ -335,7 +335,8 @@ class PrecisionConfig:
         return {"auto_scale_loss": False}
 
 
-def _power_of_two(value: float | None) -> str:
+def power_of_two(value: float | None) -> str:
+    """``2^15`` for a power of two, the number otherwise (``?`` for None)."""
     if value is None:
         return "?"
     exponent = math.log2(value)

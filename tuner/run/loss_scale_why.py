@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import math
 
-from tuner.apply.config import PrecisionConfig, compute_dtype_of
+from tuner.apply.config import PrecisionConfig, compute_dtype_of, power_of_two as _power
 from tuner.judging.decision import no_loss_scale_evidence
 from tuner.run.plan import RunPlan
 from tuner.trial_types import TrialResult
-
-
-def _power(value: float) -> str:
-    exponent = math.log2(value) if value > 0 else 0.5
-    return f"2^{exponent:.0f}" if exponent.is_integer() else f"{value:g}"
 
 
 def _origin(start: float, plan: RunPlan) -> str:
@@ -53,7 +48,7 @@ def loss_scale_why(config: PrecisionConfig, result: TrialResult, plan: RunPlan) 
     if scale.kind == "none":
         return "no loss scale: " + no_loss_scale_evidence(plan.gradient_p01)[1]
     if scale.kind == "fixed":
-        return (f"fixed at {_power(scale.value or 0)}, from the space's fixed_values"
+        return (f"fixed at {_power(scale.value)}, from the space's fixed_values"
                 f"{_seen(result)}")
     growth = f"grows after {scale.growth_steps} overflow-free steps: " + (
         "no trial is long enough to see a growth at any interval the space lists, so they "
