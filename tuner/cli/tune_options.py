@@ -47,7 +47,9 @@ def _what_to_try(group) -> None:
     group.add_argument("--keep-slow-policies", action="store_true",
                       help="also try policies whose 16-bit dtype runs a dense layer's training "
                            "step at under half float32's speed on the trial device (float16 on "
-                           "most CPUs); by default they are skipped, with a line saying so")
+                           "most CPUs); by default they are skipped, with a line saying so. "
+                           "No trial is then stopped early for being slow: the kept policies "
+                           "are there to be judged on stability")
 
 
 def _how_to_judge(group) -> None:

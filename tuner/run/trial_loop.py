@@ -124,7 +124,11 @@ class Scheduler:
         return result
 
     def stop_limit_ms(self) -> float | None:
-        """Early-stop limit for the next trial: from exclusive timings where there are some."""
+        """Early-stop limit for the next trial: from exclusive timings where there are some.
+        None with --keep-slow-policies: policies kept although they cannot win on speed are
+        there to be judged on stability, which a trial stopped as slow leaves unknown."""
+        if self.plan.keep_slow_policies:
+            return None
         stable = self.timed_stable_rows()
         exclusive = [r.judgement.median_step_ms for r in stable if r.result.exclusive_timing]
         if exclusive:
