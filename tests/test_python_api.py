@@ -2,6 +2,7 @@
 as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned end to end."""
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 import tuner
 from tests.conftest import ROOT
 from tuner.cli.app import build_parser
-from tuner.cli.tune_options import parse_tune_keywords, tune_keywords
+from tuner.api.options import parse_tune_keywords, tune_keywords
 from tuner.errors import UsageError
 
 
@@ -91,3 +92,38 @@ def test_a_model_defined_in_main_tunes_and_its_pick_applies(tmp_path, executor):
     assert "<table" in result._repr_html_()
     saved = result.save(tmp_path / "best.yaml")
     assert tuner.PrecisionConfig.load(saved) == result.best
+
+
+def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
+    """A task written from Python embeds the user's arrays: the driver puts its code in Ray's
+    object store once, every trial's spec carries only a digest and a reference, and a worker
+    fetches the code the first time it sees the digest."""
+    import pickle
+
+    import numpy as np
+    import ray
+
+    from tuner.api.task_writer import task_objects, write_task
+    from tuner.execution.ray_pool import RayExecutor
+    from tuner.trial_types import TrialSpec
+    from tuner.worker import task_loader
+
+    x = np.zeros((1000, 500), "float32")              # 2 MB, more as base64
+    path = write_task(tmp_path / "from_python.py", task_objects(lambda: None, (x, x), "mse"))
+    put = []
+    monkeypatch.setattr(ray, "put", lambda value: put.append(value) or f"ref-{len(put)}")
+    executor = RayExecutor.__new__(RayExecutor)       # only the shipping, no cluster
+    executor.task_source_cache = {}
+    payloads = [executor._with_source(TrialSpec(number, str(path), {}, 10, 2))
+                for number in range(5)]
+    assert len(put) == 1 and put[0] == path.read_text() and len(put[0]) > 2_000_000
+    assert max(len(pickle.dumps(payload)) for payload in payloads) < 2_000
+    assert all(TrialSpec.from_dict(payload).task_path == str(path) for payload in payloads)
+
+    fetched = []
+    elsewhere = "/node-without-the-file/from_python.py"
+    for payload in payloads:
+        task_loader.receive_task(elsewhere, payload["shipped"]["digest"],
+                                 lambda: fetched.append(1) or put[0])
+    assert len(fetched) == 1
+    assert Path(task_loader.task_file_here(elsewhere)).read_text() == put[0]

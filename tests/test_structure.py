@@ -20,7 +20,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tuner"
 LAYERS = ["core", "apply", "judging", "search", "records", "worker", "execution", "run",
-          "service", "cli", "api", "public"]   # public: the package's own __init__ and __main__
+          "service", "api", "cli", "public"]   # public: the package's own __init__ and __main__
 HEAVY = {"tensorflow", "keras", "ray", "mlflow", "optuna", "matplotlib", "rich", "numpy",
          "selenium", "pandas"}
 TENSORFLOW = {"tensorflow", "keras"}

@@ -9,6 +9,7 @@ between runs (``raise_if_requested``), so a swallowed interrupt is raised again 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -24,6 +25,22 @@ def install() -> None:
     """Handle SIGINT in this (the driver's) process; call from the main thread."""
     _requested.clear()
     signal.signal(signal.SIGINT, _on_sigint)
+
+
+@contextlib.contextmanager
+def handling():
+    """SIGINT handled as above for the job's length, then the caller's handler again (a
+    notebook kernel's own, say). Off the main thread, where no signal arrives, nothing to do."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    install()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _requested.clear()
 
 
 def raise_if_requested() -> None:

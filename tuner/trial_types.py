@@ -46,7 +46,6 @@ class TrialSpec:
     warmup_steps: int
     seed: int = 0
     stop_if_slower_than_ms: float | None = None  # early stop when median step time exceeds it
-    task_source: str | None = None    # the task file's code, for nodes without the file
     # Layers that take integer-valued floats (diagnostics' ``integer_inputs``): checked for
     # 16-bit rounding before the trial trains.
     integer_inputs: list[dict[str, Any]] = field(default_factory=list)

@@ -1,4 +1,5 @@
-"""``tuner.tune(...)``: the tune job from Python, returning a ``TuneResult``.
+"""``tuner.tune(...)``: the tune job, returning a ``TuneResult``; ``precision-tuner tune`` is a
+thin layer over the same entry (``tune_parsed``, the parsed options).
 
 Either a task file, as the CLI takes it, or the task's objects themselves (``build_model``,
 ``train_data``, ``loss``, ...). Every other keyword is a ``precision-tuner tune`` option under
@@ -9,13 +10,15 @@ the CLI's exceptions with its one-line messages (``UsageError``, ``TaskError``, 
 from __future__ import annotations
 
 import datetime
+import sys
 from pathlib import Path
 from typing import Any
 
 from tuner.api.result import BEST_FILE, TuneResult
 from tuner.api.task_writer import task_objects, write_task
-from tuner.cli.tune import run_tune
-from tuner.cli.tune_options import parse_tune_keywords
+from tuner.api.tune_job import run_tune
+from tuner.api.options import parse_tune_keywords
+from tuner import interrupt
 from tuner.errors import UsageError
 
 
@@ -46,5 +49,17 @@ def tune(task: str | Path | None = None, *, build_model=None, train_data=None, l
         objects = task_objects(build_model, train_data, loss, optimizer, val_data, metrics,
                                batch_size)
         task = write_task(run_dir.parent / f"{run_dir.name}.task" / f"{name}.py", objects)
-    run_tune(parse_tune_keywords(str(task), options))
-    return TuneResult(run_dir)
+    try:
+        return tune_parsed(parse_tune_keywords(str(task), options))
+    except KeyboardInterrupt:
+        print(f"precision-tuner: interrupted; finished trials are kept. Resume: call tune() "
+              f"again with the same arguments and run_dir={str(run_dir)!r}", file=sys.stderr)
+        raise
+
+
+def tune_parsed(args) -> TuneResult:
+    """The job for parsed options (``precision-tuner tune``'s, or ``tune()``'s keywords through
+    the same parser): check, fit, search, re-measure, confirm, export; the run read back."""
+    with interrupt.handling():
+        run_tune(args)
+    return TuneResult(args.run_dir)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
 from tuner.cli import commands, jobs, service_commands as service_cli
-from tuner.cli.arguments import positive_int
-from tuner.cli.tune import run_tune
-from tuner.cli.tune_options import add_tune_parser
+from tuner.api.arguments import positive_int
+from tuner.api.options import add_tune_parser
 from tuner.cli.jobs import FORWARDED
+from tuner.api.run import tune_parsed
 
 _DESCRIPTION = """\
 Find the fastest stable 16-bit precision setup for your Keras model.
@@ -204,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command == "tune":
-            return run_tune(args)
+        if args.command == "tune":  # the same entry as tuner.tune()
+            tune_parsed(args)
+            return 0
         if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
             return _service_command(args, parser)
 

@@ -1,4 +1,4 @@
-"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is tuner.cli.tune)."""
+"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is tuner.api.tune_job)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ JOB_KIND = "job"
 from tuner.service.client import Service, entrypoint, new_job_id
 from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
-from tuner.cli.tune import flags_from
+from tuner.api.tune_job import flags_from
 from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file

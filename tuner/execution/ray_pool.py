@@ -18,6 +18,7 @@ lost nodes and hung actors share the slots' bookkeeping.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -120,7 +121,7 @@ class RayExecutor:
         self._actor_class = _trial_actor_class()
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
-        self.task_source_cache: dict[str, str] = {}
+        self.task_source_cache: dict[str, dict] = {}
         self.submissions: SubmissionLog | None = None  # see tuner.execution.local.Executor
         # Trials whose node was lost mid-trial, waiting for a worker on a surviving node; and
         # a line per node lost, for the summary and run.json.
@@ -161,9 +162,19 @@ class RayExecutor:
         self._slots.extend(self._start_actors(missing, **options))
 
     # -- checking the task -----------------------------------------------------------------
-    def _source(self, task_path: str) -> str:
+    def _shipped(self, task_path: str) -> dict:
+        """The task file's code, put in Ray's object store once per job: a spec carries its
+        digest and a reference (in a list, so Ray passes it unresolved), and a worker fetches
+        the code the first time it sees the digest. Another node may not have the driver's
+        file, and a task written by tuner.tune() embeds the user's arrays: copying them with
+        every trial's spec would move them once per trial."""
         if task_path not in self.task_source_cache:
-            self.task_source_cache[task_path] = Path(task_path).read_text()
+            import ray
+
+            source = Path(task_path).read_text()
+            self.task_source_cache[task_path] = {
+                "digest": hashlib.sha256(source.encode()).hexdigest()[:16],
+                "ref": [ray.put(source)]}
         return self.task_source_cache[task_path]
 
     def _call(self, what: str, method: str, *args, timeout_s: float) -> dict:
@@ -197,11 +208,11 @@ class RayExecutor:
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,
               diagnose_steps: int = 0) -> dict:
-        return self._call("checking the task", "probe", task_path, self._source(task_path),
+        return self._call("checking the task", "probe", task_path, self._shipped(task_path),
                           steps, list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        return self._call("diagnostics", "diagnose", task_path, self._source(task_path), steps,
+        return self._call("diagnostics", "diagnose", task_path, self._shipped(task_path), steps,
                           timeout_s=timeout_s)
 
     # -- running trials --------------------------------------------------------------------
@@ -223,8 +234,7 @@ class RayExecutor:
             other.overlapped = True
 
     def _with_source(self, spec: TrialSpec) -> dict:
-        # Another node may not have the driver's file: ship its source along with the spec.
-        return {**spec.to_dict(), "task_source": self._source(spec.task_path)}
+        return {**spec.to_dict(), "shipped": self._shipped(spec.task_path)}
 
     def wait_any(self) -> list[TrialResult]:
         """Block until at least one in-flight trial finished (or crashed, or timed out)."""

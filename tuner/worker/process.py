@@ -56,18 +56,18 @@ def run_for_peak_rss(spec_dict: dict) -> dict:
 
 
 def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
-          diagnose_steps: int, task_source: str | None = None) -> dict:
-    from tuner.worker.task_loader import task_file_here
+          diagnose_steps: int) -> dict:
+    from tuner.worker.task_loader import task_file_here  # numpy at import
 
-    return probe_task(task_file_here(task_path, task_source), steps, patterns, ceiling,
+    return probe_task(task_file_here(task_path), steps, patterns, ceiling,
                       diagnose_steps)
 
 
-def diagnose(task_path: str, steps: int, task_source: str | None = None) -> dict:
+def diagnose(task_path: str, steps: int) -> dict:
     from tuner.worker.diagnose import diagnose_task  # numpy at import
     from tuner.worker.task_loader import task_file_here
 
-    return diagnose_task(task_file_here(task_path, task_source), steps)
+    return diagnose_task(task_file_here(task_path), steps)
 
 
 class TrialWorker:
@@ -91,10 +91,10 @@ class TrialWorker:
         return self._node
 
     def run(self, spec_dict: dict) -> dict:
-        return {**run_trial(spec_dict), "node": self._node}
+        return {**run_trial(self._received(spec_dict)), "node": self._node}
 
     def run_live(self, spec_dict: dict) -> dict:
-        return {**run_live(spec_dict), "node": self._node}
+        return {**run_live(self._received(spec_dict)), "node": self._node}
 
     def keep_live_only(self, spec_dicts: list) -> int:
         return keep_only(spec_dicts)
@@ -102,9 +102,26 @@ class TrialWorker:
     def release_live(self) -> int:
         return release()
 
-    def diagnose(self, task_path: str, task_source: str, steps: int) -> dict:
-        return diagnose(task_path, steps, task_source)
+    def diagnose(self, task_path: str, shipped: dict, steps: int) -> dict:
+        self._receive(task_path, shipped)
+        return diagnose(task_path, steps)
 
-    def probe(self, task_path: str, task_source: str, steps: int,
+    def probe(self, task_path: str, shipped: dict, steps: int,
               patterns: list[str], ceiling: bool, diagnose_steps: int) -> dict:
-        return probe(task_path, steps, patterns, ceiling, diagnose_steps, task_source)
+        self._receive(task_path, shipped)
+        return probe(task_path, steps, patterns, ceiling, diagnose_steps)
+
+    @staticmethod
+    def _receive(task_path: str, shipped: dict) -> None:
+        """``shipped``: the task code's digest and, in a list so that Ray passes it unresolved,
+        its object reference (tuner.execution.ray_pool)."""
+        import ray
+
+        from tuner.worker.task_loader import receive_task  # numpy at import
+
+        receive_task(task_path, shipped["digest"], lambda: ray.get(shipped["ref"][0]))
+
+    def _received(self, spec_dict: dict) -> dict:
+        spec_dict = dict(spec_dict)
+        self._receive(spec_dict["task_path"], spec_dict.pop("shipped"))
+        return spec_dict

@@ -83,11 +83,25 @@ def load_task(path: str) -> Task:
     return task
 
 
-def task_file_here(task_path: str, task_source: str | None) -> str:
+_received: dict[str, str] = {}   # the code's digest -> its file on this node
+_here: dict[str, str] = {}       # the driver's path -> the file of the code last received
+
+
+def receive_task(task_path: str, digest: str, fetch: Callable[[], str]) -> None:
+    """The driver's task file, shipped by reference (Ray's object store): its code is fetched
+    (``fetch()``) the first time this worker sees ``digest``, not with every trial, and from
+    then on ``task_path`` names it here. A task written from Python holds its arrays."""
+    if digest not in _received:
+        _received[digest] = task_file_here(task_path, fetch())
+    _here[task_path] = _received[digest]
+
+
+def task_file_here(task_path: str, task_source: str | None = None) -> str:
     """The task file on this node: the same path when it holds the same code (one machine, or
-    a shared file system), else a copy of the driver's file in a per-content cache folder."""
+    a shared file system), else a copy of the driver's file in a per-content cache folder.
+    Without ``task_source``: the file last received for ``task_path``, or the path itself."""
     if task_source is None:
-        return task_path
+        return _here.get(task_path, task_path)
     path = Path(task_path)
     try:
         if path.read_text() == task_source:

@@ -49,7 +49,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
 
         reset_keras_state(spec.seed)
-        task = load_task(task_file_here(spec.task_path, spec.task_source))
+        task = load_task(task_file_here(spec.task_path))
         batches = fixed_batches(task, spec.batch_pool or spec.steps)
         config = PrecisionConfig.from_dict(spec.config)
         memory.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.cli.arguments import gain, positive_int, ratio, seconds
+from tuner.api.arguments import gain, positive_int, ratio, seconds
 from tuner.errors import UsageError
 
 

@@ -1,4 +1,5 @@
-"""``precision-tuner tune``: its options, and the job from the task check to the summary.
+"""The tune job, from the task check to the summary: what ``tuner.tune()`` and
+``precision-tuner tune`` both run (tuner.api.run).
 
 The options (``add_tune_parser``) become ``Flags`` (``flags_from``), the plan is resolved
 (tuner.run.plan), the task checked and the space fitted to the model on the executor, and the
@@ -14,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tuner import interrupt, job_context
+from tuner import job_context
 from tuner.errors import UsageError
-from tuner.cli.progress import LiveProgress
+from tuner.api.progress import live_progress
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.ray_pool import RayExecutor
 from tuner.records.diagnostics_report import conclusions
@@ -47,10 +48,9 @@ def _check_writable_dir(path: Path) -> None:
                          " Choose another location.") from None
 
 
-def run_tune(args) -> int:
+def run_tune(args) -> None:
     from rich.console import Console
 
-    interrupt.install()
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
@@ -98,11 +98,10 @@ def run_tune(args) -> int:
     if job_context.job_id() is not None:  # a service job: the user is on another machine
         console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
                       "trials: precision-tuner ui --service ADDRESS", markup=False)
-        return 0
+        return
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
                   + ("" if not args.tracking_uri else
                      f"  (tracking: {_redact(args.tracking_uri)})"))
-    return 0
 
 
 def _run_job(args, plan, executor, console, store, previous, clock, started, task_info,
@@ -113,7 +112,7 @@ def _run_job(args, plan, executor, console, store, previous, clock, started, tas
     done = len(store.read_trials())
     if previous is not None:
         console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
-    with LiveProgress(console, plan.trials, done) as progress:
+    with live_progress(console, plan.trials, done) as progress:
         summary = tune(plan, executor, progress, task_info, started=started,
                        diagnostics=diagnostics, clock=clock)
     if isinstance(executor, LocalProcessExecutor):
