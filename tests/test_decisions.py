@@ -234,7 +234,8 @@ def test_the_balanced_objective_reads_the_pick_off_the_front(tmp_path, slack, po
 
 def test_a_finalist_that_cannot_clear_the_bar_stops_being_timed(tmp_path):
     """Once a finalist's whole interval lies below float32 + 3% (it cannot be picked) while
-    another's still reaches it, it is dropped and the later rounds time only the others."""
+    another's still reaches it, it is dropped and the later rounds time only the others (with
+    the settled-pick stop off: it would end the rounds where the drop leaves one finalist)."""
     from tuner.run.plan import Remeasurement
 
     true = {(): 20.0 / 1.02, ("softmax",): 20.0 / 0.98}
@@ -247,7 +248,7 @@ def test_a_finalist_that_cannot_clear_the_bar_stops_being_timed(tmp_path):
                                         tmp_path / str(seed), trials=3, seed=seed,
                                         remeasurement=Remeasurement(
                                             max_rounds=8, target_half_width=0.01,
-                                            time_cap_s=1e9))
+                                            time_cap_s=1e9, settle=False))
         notes = [n for n in outcome.notes if "so it cannot be picked" in n]
         rows = {r.number: r for r in scheduler.rows}
         for note in notes:
@@ -314,3 +315,55 @@ def test_an_unscaled_float16_pick_states_its_evidence(tmp_path):
                             "0.001) stay normal") for n in outcome.notes)
     scheduler.plan = dataclasses.replace(scheduler.plan, gradient_p01=None)
     assert remeasure(scheduler).winner is scheduler.baseline   # no evidence: not a finalist
+
+
+def _rounds_of(outcome) -> int:
+    return int(outcome.notes[0].split(" in ", 1)[1].split(" rounds", 1)[0])
+
+
+@pytest.mark.parametrize("true, far_from_the_bar, rounds_saved", [
+    # The digits case: two bf16 finalists that cost the same, both far above float32. The
+    # tie rule picks the simpler whatever more rounds show (measured: 40 of 80 rounds saved).
+    ({(): 1.48, ("softmax",): 1.48}, True, 30),
+    # Both a little slower than float32 stays float32 with more rounds too (the rule that
+    # every interval lies below the bar often ends these at the minimum already: 7 saved).
+    ({(): 0.95, ("softmax",): 0.94}, True, 4),
+    # Close to float32 + 3%: more rounds can decide, so they mostly run on.
+    ({(): 1.05, ("softmax",): 1.05}, False, 0),
+])
+def test_the_rounds_stop_once_more_cannot_change_the_pick(tmp_path, true, far_from_the_bar,
+                                                          rounds_saved):
+    """The settled-pick stop only saves rounds. Far from the bar, each seed's pick is the one
+    the rounds give without it (run to the cap or the width target); near the bar it rarely
+    fires, and a pick it makes is never truly slower than the one more rounds make."""
+    from tuner.run.plan import Remeasurement
+
+    def true_speedup(config):
+        return 1.0 if config.policy == "float32" else true[config.float32.groups]
+
+    settled, saved = 0, 0
+    for seed in range(10):
+        picks, rounds = [], []
+        for settle in (True, False):
+            folder = tmp_path / f"{seed}-{settle}"
+            folder.mkdir()
+            machine = Machine(step_ms=lambda c: 20.0 / true_speedup(c), drift=0.04,
+                              jitter=0.02, seed=seed)
+            _, outcome, _, _ = tune(space_file(folder, MIXED), machine, folder, trials=3,
+                                    seed=seed, remeasurement=Remeasurement(
+                                        target_half_width=0.02, time_cap_s=1e9, settle=settle))
+            picks.append(outcome.winner.config)
+            rounds.append(_rounds_of(outcome))
+            settled += settle and "a settled pick" in outcome.notes[0]
+        assert rounds[0] <= rounds[1]
+        saved += rounds[1] - rounds[0]
+        if far_from_the_bar:
+            assert picks[0] == picks[1], (seed, picks)
+        else:
+            assert true_speedup(picks[0]) >= true_speedup(picks[1]), (seed, picks)
+    if far_from_the_bar:
+        expected = ("mixed_bfloat16", ()) if true[()] > 1.3 else ("float32", ())
+        assert (picks[0].policy, picks[0].float32.groups) == expected
+        assert saved >= rounds_saved, (settled, saved)
+    else:
+        assert settled <= 3, settled

@@ -102,3 +102,36 @@ def _float32_wins(baseline: int, candidates: Sequence[Candidate], bar: float,
                     f"tie within noise: no config beats float32 beyond noise (best: "
                     f"#{best.number} at {best.estimate.describe()} vs float32; a pick needs the "
                     f"interval's lower end above {bar:.2f}x)")
+
+
+def settled(baseline: int, now: Sequence[Candidate], at_cap: dict[int, SpeedupEstimate], *,
+            min_gain: float, cap: int) -> str:
+    """Why more re-measurement rounds cannot change the pick, or "". ``at_cap``: each
+    candidate's interval at the round cap, as narrow as it could get with the estimate where it
+    is (``tuner.judging.noise.projected_speedup``). Two conditions:
+
+    - at today's estimates, those intervals give today's decision;
+    - the pick's side of the bar holds even at the end of today's interval least in its
+      favour: a 16-bit pick still clears 1 + ``min_gain`` from its interval's low end, and for
+      float32 no candidate would clear it from its interval's high end. (Stopping on a lucky
+      early estimate that the bar then cuts through is what this rules out.)
+    """
+    today = decide(baseline, now, min_gain=min_gain)
+    later = [Candidate(c.number, c.config, at_cap[c.number]) for c in now]
+    if decide(baseline, later, min_gain=min_gain).winner != today.winner:
+        return ""
+    bar = 1.0 + min_gain
+
+    def narrowed(end: float, number: int) -> float:   # ``end`` less the cap's half-width
+        return end * at_cap[number].ratio / at_cap[number].high
+
+    if today.winner == baseline:
+        if any(narrowed(c.estimate.high, c.number) > bar for c in now):
+            return ""
+        return (f"a settled pick: float32; with {cap} rounds no finalist would clear "
+                f"float32 + {min_gain:.0%} even from its interval's high end")
+    if narrowed(today.estimate.low, today.winner) <= bar:
+        return ""
+    return (f"a settled pick: #{today.winner} ({today.estimate.describe()}); {cap} rounds "
+            f"would pick it too at these estimates, and it clears float32 + {min_gain:.0%} "
+            "even from its interval's low end")

@@ -17,6 +17,10 @@ of 3 rounds, the only intervals (2 of 12 finalists over 6 tunes) that missed an 
 in fresh processes came from runs that stopped at 3; the minimum is now 4
 (``tuner.run.plan.Remeasurement``).
 
+The rounds also stop once more of them cannot change the pick (``projected_speedup``): with
+each estimate where it is and its spread as measured, the intervals the round cap could reach
+at the narrowest give the same decision as today's (``tuner.run.remeasure``).
+
 A/A runs of float32 against itself varied 0.965-1.133 on these 2-core machines: a single pair
 of medians cannot tell a 5% gain from noise.
 """
@@ -29,6 +33,7 @@ from typing import Sequence
 
 CONFIDENCE = 0.95
 _UNKNOWN_LOW = 1e-9  # the lower end of an interval nothing is known about (it must stay > 0)
+NORMAL_QUANTILE = 1.96  # two-sided 95%: the t quantile's limit with many degrees of freedom
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (beyond the table: 30 dof, a bit wide).
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -97,7 +102,7 @@ def median(values: Sequence[float]) -> float:
 SEARCH_DRIFT = 1.15
 
 
-def median_interval(samples: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+def median_interval(samples: Sequence[float], z: float = NORMAL_QUANTILE) -> tuple[float, float]:
     """A distribution-free ~95% interval for the median of ``samples``: the order statistics
     ranked n/2 -+ z*sqrt(n)/2 (the binomial's normal approximation)."""
     ordered = sorted(samples)
@@ -145,6 +150,24 @@ class PooledNoise:
         return cls(squares / dof, dof) if dof else None
 
 
+def _spread(log_ratios: Sequence[float],
+            pooled: PooledNoise | None) -> tuple[float, float, int] | None:
+    """(mean log ratio, the variance an interval uses, its degrees of freedom): the wider of
+    the candidate's own round-to-round spread and the pooled one; None when neither is known."""
+    rounds = len(log_ratios)
+    centre = sum(log_ratios) / rounds
+    candidates = []
+    if rounds >= 2:
+        own = sum((r - centre) ** 2 for r in log_ratios) / (rounds - 1)
+        candidates.append((own, rounds - 1))
+    if pooled is not None:
+        candidates.append((pooled.variance, pooled.dof))
+    if not candidates:
+        return None
+    variance, dof = max(candidates)   # the wider spread (and its own degrees of freedom)
+    return centre, variance, dof
+
+
 def speedup_from_log_ratios(log_ratios: Sequence[float], pooled: PooledNoise | None = None,
                             confidence: float = CONFIDENCE) -> SpeedupEstimate:
     """Geometric-mean speedup with a t interval (see the module docstring)."""
@@ -154,19 +177,28 @@ def speedup_from_log_ratios(log_ratios: Sequence[float], pooled: PooledNoise | N
     rounds = len(log_ratios)
     if rounds == 0:
         raise ValueError("a speedup needs at least one round with timed steps on both sides")
-    centre = sum(log_ratios) / rounds
-    candidates = []
-    if rounds >= 2:
-        own = sum((r - centre) ** 2 for r in log_ratios) / (rounds - 1)
-        candidates.append((own, rounds - 1))
-    if pooled is not None:
-        candidates.append((pooled.variance, pooled.dof))
-    if not candidates:  # one round and nothing to pool: the noise is unknown, so is the bound
-        return SpeedupEstimate(math.exp(centre), _UNKNOWN_LOW, math.inf, rounds, confidence)
-    variance, dof = max(candidates)   # the wider spread (and its own degrees of freedom)
+    spread = _spread(log_ratios, pooled)
+    if spread is None:  # one round and nothing to pool: the noise is unknown, so is the bound
+        return SpeedupEstimate(math.exp(sum(log_ratios) / rounds), _UNKNOWN_LOW, math.inf,
+                               rounds, confidence)
+    centre, variance, dof = spread
     half = t_quantile(dof) * math.sqrt(variance / rounds)
     return SpeedupEstimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half),
                            rounds, confidence)
+
+
+def projected_speedup(log_ratios: Sequence[float], pooled: PooledNoise | None,
+                      rounds: int) -> SpeedupEstimate | None:
+    """The interval ``rounds`` rounds would give if the estimate stayed where it is and the
+    spread stayed as measured, with the normal quantile (below every t quantile): the
+    narrowest that many rounds could plausibly make it. None when the spread is unknown."""
+    spread = _spread(log_ratios, pooled) if log_ratios else None
+    if spread is None:
+        return None
+    centre, variance, _ = spread
+    half = NORMAL_QUANTILE * math.sqrt(variance / max(rounds, len(log_ratios)))
+    return SpeedupEstimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half),
+                           rounds)
 
 
 def paired_speedup(baseline_rounds: Sequence[Sequence[float]],

@@ -34,6 +34,7 @@ class Remeasurement:
     max_rounds: int = 8
     target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
     time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
+    settle: bool = True                 # ... or once more rounds cannot change the pick
 
 
 @dataclass(frozen=True)

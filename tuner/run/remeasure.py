@@ -17,8 +17,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
   reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
   below float32 + ``min_gain``, or a single finalist left whose interval clears it), or the
-  leader's interval is within ``target_half_width``, or at ``max_rounds``, or past
-  ``time_cap_s``; the notes say which.
+  leader's interval is within ``target_half_width``, or more rounds cannot change the pick
+  (``decision.settled``), or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session continues on a fresh worker (which builds its models again).
 
@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.run.confirm import Confirmation, Confirmer, confirm_pick
-from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence
+from tuner.judging.decision import (Candidate, Decision, decide, no_loss_scale_evidence,
+                                    settled)
 from tuner.errors import TunerError
-from tuner.judging.noise import PooledNoise, SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
+from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
+                                 round_log_ratios, speedup_from_log_ratios)
 from tuner.judging.objective import Point, pareto_front, pick
 from tuner.records.results import TrialRow
 from tuner.run.finalists import clearly_behind, finalists_of
@@ -141,6 +143,7 @@ class _Rounds:
         self.shared = False
         self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
         self.candidates: list[Candidate] = []
+        self.at_cap: dict[int, SpeedupEstimate | None] = {}
         for row in [baseline, *finalists]:
             row.remeasured_rounds = []
 
@@ -210,16 +213,28 @@ class _Rounds:
                              "Is the machine overloaded or out of memory?")
 
     def _estimates(self) -> dict[int, SpeedupEstimate]:
-        """Each active finalist's speedup; the round-to-round noise is pooled over all."""
+        """Each active finalist's speedup (the noise pooled over all), and its interval at the
+        round cap (``projected_speedup``) for ``_settled``."""
         ratios = {row.number: round_log_ratios(self.baseline.remeasured_rounds,
                                                row.remeasured_rounds) for row in self.active}
         pooled = PooledNoise.of(list(ratios.values()))
         estimates = {}
+        self.at_cap = {}
         for row in self.active:
             if ratios[row.number]:
                 row.estimate = speedup_from_log_ratios(ratios[row.number], pooled)
                 estimates[row.number] = row.estimate
+                self.at_cap[row.number] = projected_speedup(ratios[row.number], pooled,
+                                                            self.policy.max_rounds)
         return estimates
+
+    def _settled(self) -> str:
+        """Why more rounds cannot change the pick (``tuner.judging.decision.settled``), or ""."""
+        now = [Candidate(r.number, r.config, r.estimate) for r in self.active if r.estimate]
+        if len(now) != len(self.active) or any(self.at_cap.get(c.number) is None for c in now):
+            return ""
+        return settled(self.baseline.number, now, self.at_cap, min_gain=self.plan.min_gain,
+                       cap=self.policy.max_rounds)
 
     def _stop_reason(self, rounds: int, elapsed_s: float) -> str:
         policy = self.policy
@@ -249,6 +264,9 @@ class _Rounds:
         if width <= policy.target_half_width:
             return (f"the leader's interval reached the +-{policy.target_half_width:.0%} target "
                     f"(+-{width:.1%})")
+        settled = self._settled() if policy.settle and rounds < policy.max_rounds else ""
+        if settled:
+            return f"{settled} (leader's interval +-{width:.1%})"
         if rounds >= policy.max_rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
         if elapsed_s >= policy.time_cap_s:
