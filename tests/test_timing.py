@@ -55,6 +55,41 @@ def test_the_ceiling_names_a_precision_that_cannot_win():
     assert "cannot" not in describe_ceiling(ceiling)
 
 
+def test_the_ceiling_prints_the_peak_the_models_shape_and_what_the_skip_rule_reads():
+    from tuner.records.timing import peak_speed
+
+    ceiling = {"device": "CPU", "size": 256, "ms": {},
+               "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 0.009},
+               "peak": {"size": 1024, "speed": {"float32": 1.0, "bfloat16": 1.9}},
+               "model": {"layer": "dense", "shape": [128, 784, 256],
+                         "speed": {"float32": 1.0, "bfloat16": 1.3}}}
+    assert describe_ceiling(ceiling) == (
+        "bfloat16 1.9x, float16 0.009x (emulated) float32's speed at the peak (a 1024-wide "
+        "layer's training step, batch 1024, on CPU); at this model's largest layer (dense, "
+        "batch 128, 784x256): bfloat16 1.3x; the skip rule reads a 256-wide layer's training "
+        "step: bfloat16 1.1x, float16 0.009x; float16 cannot beat float32 on this device")
+    assert peak_speed(ceiling, "bfloat16") == 1.9     # a pick is read against the peak
+    assert peak_speed(ceiling, "float16") == 0.009    # not timed at the peak: emulated
+    assert peak_speed(None, "bfloat16") is None
+
+
+def test_the_largest_kernel_is_found_in_nested_and_convolutional_models():
+    import keras
+
+    from tuner.worker.ceiling import largest_kernel
+
+    inner = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1000, name="wide")],
+                             name="inner")
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(16, 3, name="conv")(inputs)
+    h = keras.layers.Dense(64, name="narrow")(keras.layers.Flatten()(h))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inner(h)))
+    assert largest_kernel(model, 32) == {"layer": "wide", "shape": [32, 64, 1000]}
+    conv_only = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(16, 3)])
+    assert largest_kernel(conv_only, 4)["shape"] == [4, 27, 16]   # 3x3x3 window -> 16 filters
+    assert largest_kernel(keras.Sequential([keras.Input((4,)), keras.layers.ReLU()]), 4) is None
+
+
 def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(tmp_path):
     from tuner.run.plan import Flags, resolve
 

@@ -101,8 +101,11 @@ class Tracker:
     def log_ceiling(self, ceiling: dict[str, Any]) -> None:
         """Each precision's speed on the trial device, the limit the picks are read against."""
         assert self.parent_id is not None
-        self._log_metrics(self.parent_id, [(f"ceiling_{dtype}", speed)
-                                           for dtype, speed in ceiling["speed"].items()])
+        figures = [(f"ceiling_{dtype}", speed) for dtype, speed in ceiling["speed"].items()]
+        for figure in ("peak", "model"):   # ceiling_peak_bfloat16, ceiling_model_bfloat16
+            figures += [(f"ceiling_{figure}_{dtype}", speed) for dtype, speed
+                        in (ceiling.get(figure) or {}).get("speed", {}).items()]
+        self._log_metrics(self.parent_id, figures)
         self.client.set_tag(self.parent_id, "ceiling", describe_ceiling(ceiling)[:5000])
 
     def log_sizing(self, steps: int, why: str) -> None:

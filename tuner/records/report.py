@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.records.timing import describe_ceiling
+from tuner.records.timing import describe_ceiling, peak_speed
 from tuner.records.mlflow_text import placement_text
 
 if TYPE_CHECKING:
@@ -88,6 +88,12 @@ def headline(summary: "TuneSummary") -> list[str]:
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
         lines.append(f"decision: {summary.decision}")
+        ceiling = peak_speed(summary.task_info.get("ceiling"),
+                             summary.best.config.compute_dtype)
+        if estimate and ceiling:
+            lines.append(f"of the ceiling: {estimate.ratio:.2f}x is {estimate.ratio / ceiling:.0%}"
+                         f" of {summary.best.config.compute_dtype}'s peak {ceiling:.2g}x on "
+                         "this device")
         if summary.best.placed and summary.best_config and \
                 (summary.best_config.float32.groups or summary.best_config.float32.layers):
             lines.append(f"float32 layers in the pick: {placement_text(summary.best.placed)}")

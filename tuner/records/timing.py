@@ -25,17 +25,46 @@ PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "opening rec
 CANNOT_WIN_BELOW = 0.5
 
 
+def _speeds(speed: dict[str, float], emulated: dict[str, float] | None = None) -> str:
+    shown = [f"{dtype} {value:.2g}x" for dtype, value in speed.items() if dtype != "float32"]
+    shown += [f"{dtype} {value:.2g}x (emulated)" for dtype, value in (emulated or {}).items()
+              if dtype not in speed and dtype != "float32"]
+    return ", ".join(shown)
+
+
 def describe_ceiling(ceiling: dict[str, Any]) -> str:
-    """``bfloat16 1.10x, float16 0.009x float32 (a 256-wide dense layer's training step on
-    CPU); float16 cannot beat float32 on this device``"""
-    speeds = ", ".join(f"{dtype} {speed:.2g}x" for dtype, speed in ceiling["speed"].items()
-                       if dtype != "float32")
-    text = (f"{speeds} float32's speed (a {ceiling['size']}-wide dense layer's training step "
-            f"on {ceiling['device']})")
+    """``bfloat16 1.9x, float16 0.009x (emulated) float32's speed at the peak (a 1024-wide
+    layer's training step, batch 1024, on CPU); at this model's largest layer (dense, batch
+    128, 784x256): bfloat16 1.3x; the skip rule reads a 256-wide step: bfloat16 1.1x, float16
+    0.009x; float16 cannot beat float32 on this device``. A run recorded before the peak
+    figure existed reads as it did then (the 256-wide step alone)."""
+    small = f"a {ceiling['size']}-wide dense layer's training step"
+    if "peak" not in ceiling:
+        text = f"{_speeds(ceiling['speed'])} float32's speed ({small} on {ceiling['device']})"
+    else:
+        peak = ceiling["peak"]
+        text = (f"{_speeds(peak['speed'], ceiling['speed'])} float32's speed at the peak (a "
+                f"{peak['size']}-wide layer's training step, batch {peak['size']}, on "
+                f"{ceiling['device']})")
+        model = ceiling.get("model")
+        if model and len(model["speed"]) > 1:
+            batch, width_in, width_out = model["shape"]
+            text += (f"; at this model's largest layer ({model['layer']}, batch {batch}, "
+                     f"{width_in}x{width_out}): {_speeds(model['speed'])}")
+        text += f"; the skip rule reads {small.replace('dense layer', 'layer')}: " \
+                f"{_speeds(ceiling['speed'])}"
     slow = [dtype for dtype, speed in ceiling["speed"].items() if speed < CANNOT_WIN_BELOW]
     if slow:
         text += f"; {' and '.join(slow)} cannot beat float32 on this device"
     return text
+
+
+def peak_speed(ceiling: dict[str, Any] | None, dtype: str) -> float | None:
+    """The ceiling a pick computing in ``dtype`` is read against: the peak figure, or the small
+    step's where the peak was not timed (an emulated dtype, an older run)."""
+    if not ceiling:
+        return None
+    return (ceiling.get("peak") or {}).get("speed", {}).get(dtype, ceiling["speed"].get(dtype))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The physical ceiling of each precision on the trial's device: a dense layer's training step.
+"""The physical ceiling of each precision on the trial's device, timed as dense training steps.
 
 A 16-bit policy can only be as fast as the device's 16-bit arithmetic. The probe times the same
 dense layer's training step (the matrix product, bias and ReLU forward, and the gradient
@@ -6,7 +6,21 @@ products backward) in float32, bfloat16 and float16 on the device trials run on,
 each one's speed relative to float32: the limit the picks are read against. The backward
 products matter: on this project's 2-core Xeon the float16 forward product runs at float32's
 speed while the whole step is 80x slower (TensorFlow emulates the float16 gradient products),
-which is what makes float16 trials 70-400x slower per step there. Plain data out.
+which is what makes float16 trials 70-400x slower per step there.
+
+Three figures per dtype, each float32's step time over the dtype's:
+
+- ``speed``: a 256-wide layer, batch 64. What the skip rule reads (a dtype under half
+  float32's speed here is emulated, and cannot win on any model): small enough to take
+  milliseconds where a dtype is emulated.
+- ``peak``: a 1024-wide layer, batch 1024: large enough for the matrix units to reach their
+  throughput, so the limit a pick's speedup is read against (a 256-wide step read 1.1-1.3x
+  for bfloat16 on a machine where a model's pick measured 1.48-1.55x). Not timed for a dtype
+  the small step already shows emulated (seconds per step, and nothing to learn).
+- ``model``: the model's own largest dense-like kernel (its input and output widths) at the
+  task's batch size: what the model's biggest products can gain.
+
+Plain data out.
 """
 
 from __future__ import annotations
@@ -16,6 +30,8 @@ import time
 
 SIZE = 256                 # a layer big enough to reach the matrix units, small enough to
 _BATCH = 64                # take milliseconds even where a dtype is emulated
+PEAK_SIZE = 1024           # width and batch of the peak figure's layer
+EMULATED_BELOW = 0.5       # a small step under half float32's speed: the dtype is emulated
 _MIN_REPEATS = 5
 _MIN_TIMED_S = 0.1
 _MAX_TIMED_S = 2.0         # per dtype: an emulated dtype stops early, its few samples suffice
@@ -29,15 +45,17 @@ def _device() -> str:
     return gpus[0].name if gpus else "CPU"
 
 
-def _time_step(dtype: str, device: str) -> float:
-    """Median milliseconds of one training step of a SIZE x SIZE dense layer in ``dtype``."""
+def _time_step(dtype: str, device: str, batch: int = _BATCH, width_in: int = SIZE,
+               width_out: int = SIZE) -> float:
+    """Median milliseconds of one training step of a ``width_in`` x ``width_out`` dense layer
+    on ``batch`` rows, in ``dtype``."""
     import tensorflow as tf
 
     with tf.device(device):
-        x = tf.cast(tf.random.stateless_uniform((_BATCH, SIZE), seed=(1, 2)), dtype)
-        kernel = tf.Variable(tf.cast(tf.random.stateless_uniform((SIZE, SIZE), seed=(3, 4)),
-                                     dtype))
-        bias = tf.Variable(tf.zeros((SIZE,), dtype))
+        x = tf.cast(tf.random.stateless_uniform((batch, width_in), seed=(1, 2)), dtype)
+        kernel = tf.Variable(tf.cast(tf.random.stateless_uniform((width_in, width_out),
+                                                                 seed=(3, 4)), dtype))
+        bias = tf.Variable(tf.zeros((width_out,), dtype))
 
         @tf.function
         def step(inputs):
@@ -61,9 +79,57 @@ def _time_step(dtype: str, device: str) -> float:
                 return statistics.median(samples)
 
 
-def measure_ceiling() -> dict:
-    """``{"device", "size", "ms": {dtype: ms per step}, "speed": {dtype: float32_ms / ms}}``."""
+def _speeds(device: str, dtypes, batch: int, width_in: int, width_out: int) -> dict:
+    ms = {dtype: _time_step(dtype, device, batch, width_in, width_out) for dtype in dtypes}
+    return {dtype: ms["float32"] / value for dtype, value in ms.items()}
+
+
+def measure_ceiling(model_layer: dict | None = None) -> dict:
+    """``{"device", "size", "ms": {dtype: ms per step}, "speed": {dtype: float32_ms / ms},
+    "peak": {"size", "speed"}, "model": {"layer", "shape": [batch, in, out], "speed"}}``;
+    ``model_layer``: ``{"layer", "shape"}`` of the model's largest kernel (``largest_kernel``),
+    or None (no "model" figure)."""
     device = _device()
     ms = {dtype: _time_step(dtype, device) for dtype in DTYPES}
-    return {"device": device, "size": SIZE, "ms": ms,
-            "speed": {dtype: ms["float32"] / value for dtype, value in ms.items()}}
+    speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
+    native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
+    ceiling = {"device": device, "size": SIZE, "ms": ms, "speed": speed,
+               "peak": {"size": PEAK_SIZE,
+                        "speed": _speeds(device, native, PEAK_SIZE, PEAK_SIZE, PEAK_SIZE)}}
+    if model_layer is not None:
+        batch, width_in, width_out = model_layer["shape"]
+        ceiling["model"] = {**model_layer,
+                            "speed": _speeds(device, native, batch, width_in, width_out)}
+    return ceiling
+
+
+def largest_kernel(model, batch_size: int) -> dict | None:
+    """The model's largest dense-like kernel as a product: ``{"layer", "shape": [batch, in,
+    out]}`` (a convolution's kernel counts as its window's inputs by its filters, per output
+    position, so its batch is the task's); None when no layer has a kernel of 2 or more
+    dimensions."""
+    best = None
+    for layer in _layers(model):
+        kernel = getattr(layer, "kernel", None)
+        shape = tuple(int(d) for d in getattr(kernel, "shape", ()) or ())
+        if len(shape) < 2 or not all(shape):
+            continue
+        width_in, width_out = int(_product(shape[:-1])), shape[-1]
+        if best is None or width_in * width_out > best[0]:
+            best = (width_in * width_out, layer.name, width_in, width_out)
+    if best is None:
+        return None
+    return {"layer": best[1], "shape": [int(batch_size), best[2], best[3]]}
+
+
+def _product(values) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
+
+
+def _layers(model):
+    for layer in getattr(model, "layers", []):
+        yield layer
+        yield from _layers(layer)

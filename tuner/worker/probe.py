@@ -13,7 +13,7 @@ from typing import Sequence
 from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.trial import batch_size_of, reset_keras_state
-from tuner.worker.ceiling import measure_ceiling
+from tuner.worker.ceiling import largest_kernel, measure_ceiling
 
 
 def optimizer_facts(optimizer) -> dict:
@@ -56,6 +56,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
             "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
             "optimizer": optimizer_facts(task.optimizer())}
+    largest = largest_kernel(model, info["batch_size"]) if ceiling else None
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
         from tuner.worker.diagnose import diagnose_model
@@ -66,7 +67,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     reset_keras_state(0)
     if ceiling:
         started = time.perf_counter()
-        info["ceiling"] = measure_ceiling()
+        info["ceiling"] = measure_ceiling(largest)
         info["ceiling_s"] = time.perf_counter() - started
     return info
 
