@@ -154,6 +154,26 @@ def test_service_start_refuses_a_port_in_use(tmp_path):
     assert not (tmp_path / "svc" / "service.json").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--ray-port", "12000"], "--ray-port 12000 lies in Ray's worker-port range (10002-19999), "
+     "which the head reserves for its workers, so it would exit at start. Pass a port outside "
+     "it, e.g. 6379 (the default)."),
+    (["--mlflow-port", "70000"], "--mlflow-port 70000 is not a port (at most 65535). Pass a "
+     "port from 1024 to 65535."),
+    (["--ray-port", "{free}", "--mlflow-port", "{free}"], "--ray-port and --mlflow-port are "
+     "both {free}; each service needs its own port. Pass another one for either."),
+])
+def test_service_start_refuses_a_port_that_cannot_work_before_starting(tmp_path, flags,
+                                                                        message):
+    free = str(_closed_port())
+    done = run_cli("service", "start", "--dir", str(tmp_path / "svc"),
+                   *[flag.format(free=free) for flag in flags])
+    assert done.returncode == 2
+    assert done.stderr.strip() == "precision-tuner: error: " + message.format(free=free)
+    assert not (tmp_path / "svc" / "service.json").exists()
+    assert not (tmp_path / "svc" / "logs").exists()         # nothing was started
+
+
 def test_service_status_and_stop_when_nothing_runs(tmp_path):
     status = run_cli("service", "status", "--dir", str(tmp_path))
     assert status.returncode == 3 and "not running" in status.stdout
@@ -221,3 +241,43 @@ def test_waiting_for_a_node_is_said_once_and_ends_at_the_limit(monkeypatch):
         ray.exceptions.GetTimeoutError()))
     executor.node_wait_s = 0.0
     assert executor._wait_for(Group()) is False
+
+
+def test_runs_whose_job_died_are_closed_on_the_next_jobs(tmp_path, capsys):
+    """A parent run left RUNNING by a job whose driver is gone (stopped, failed, or forgotten
+    by a restarted cluster) is closed, with its running trials; a live job's is left alone."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+    from ray.job_submission import JobStatus
+
+    from tuner.service.contract import JOB_KIND
+
+    store = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = store.create_experiment("precision-tuner/tiny_mlp")
+    runs = {}
+    for job in ("j-stopped", "j-failed", "j-forgotten", "j-live"):
+        parent = store.create_run(experiment, tags={job_context.JOB_ID_TAG: job})
+        child = store.create_run(experiment, tags={"mlflow.parentRunId": parent.info.run_id})
+        runs[job] = (parent.info.run_id, child.info.run_id)
+    ray_says = {"j-stopped": JobStatus.STOPPED, "j-failed": JobStatus.FAILED,
+                "j-live": JobStatus.RUNNING}
+
+    def get_job_info(job_id):
+        if job_id not in ray_says:
+            raise RuntimeError(f"Job {job_id} does not exist")
+        return SimpleNamespace(status=ray_says[job_id], metadata={"precision_tuner": JOB_KIND})
+
+    service = jobs.Service.__new__(jobs.Service)
+    service.address, service._mlflow = "http://127.0.0.1:1", store
+    service.jobs = SimpleNamespace(get_job_info=get_job_info)
+    lines = service.close_orphans()
+    status = {job: [store.get_run(run).info.status for run in pair]
+              for job, pair in runs.items()}
+    assert status == {"j-stopped": ["KILLED", "KILLED"], "j-failed": ["FAILED", "KILLED"],
+                      "j-forgotten": ["FAILED", "KILLED"], "j-live": ["RUNNING", "RUNNING"]}
+    assert len(lines) == 3 and "closed job j-forgotten's MLflow run as FAILED: the cluster " \
+        "no longer knows the job (it restarted while the job ran)" in lines
+    reason = store.get_run(runs["j-stopped"][0]).data.tags["precision_tuner.closed_because"]
+    assert reason == "its driver ended (STOPPED) without closing its records"
+    assert service.close_orphans() == []                      # closed once

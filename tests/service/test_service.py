@@ -298,6 +298,10 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         resumed = service.submit("slow_steps", "--resume", job)   # Ray forgot: from MLflow
         assert service.wait(resumed, client=service.client(token=True)) == "SUCCEEDED"
+        # ... with every flag it was submitted with, its space file's copy included.
+        command = service.client(token=True).get_job_info(resumed).entrypoint
+        assert "--finalists 1" in command and "--trials 6" in command, command
+        assert f"/jobs/{job}/task/six_alike.yaml" in command, command
         numbers = [json.loads(line)["number"] for line in trials_log.read_text().splitlines()]
         assert len(numbers) >= kept and len(numbers) == len(set(numbers))
         out = tmp_path / "best.json"

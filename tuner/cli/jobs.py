@@ -23,7 +23,8 @@ JOB_KIND = "job"
 
 
 
-from tuner.service.client import Service, entrypoint, new_job_id
+from tuner.service.client import (Service, entrypoint, is_space_file, job_tune_args,
+                                   new_job_id)
 from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
 from tuner.api.tune_job import flags_from
@@ -64,9 +65,7 @@ def check_submission(args) -> tuple[Path, Path | None]:
     # The very flags tune would resolve (the run directory and tracking are the service's).
     resolve(flags_from(argparse.Namespace(**{**vars(args), "run_dir": Path("."),
                                          "tracking_uri": None}), task_path), None)
-    space_file = None
-    if args.space and (args.space.endswith((".yaml", ".yml")) or os.sep in args.space):
-        space_file = Path(args.space).resolve()
+    space_file = Path(args.space).resolve() if is_space_file(args.space) else None
     return task_path, space_file
 
 
@@ -92,10 +91,7 @@ def submit(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> in
         user_flags, resumes = old["flags"], args.resume_job
     else:
         run_root = f"{service.record['service_dir']}/jobs/{job_id}"
-        tune_args = list(user_flags)
-        if space_file is not None:
-            index = tune_args.index("--space")
-            tune_args[index + 1] = f"{run_root}/task/{space_file.name}"
+        tune_args = job_tune_args(user_flags, run_root)
     submitter = getpass.getuser()
     metadata = {"precision_tuner": JOB_KIND, "task": task_path.name, "submitted_by": submitter,
                 "flags": " ".join(user_flags) or "-", "flags_json": json.dumps(user_flags),
@@ -139,6 +135,8 @@ def _trials_text(progress: dict[str, Any]) -> str:
 
 def list_jobs(args) -> int:
     service = Service(args)
+    for line in service.close_orphans():
+        print(line, file=sys.stderr)
     rows = [("JOB", "TASK", "BY", "STATUS", "TRIALS", "BEST SO FAR", "SUBMITTED")]
     for info in service.tuning_jobs():
         progress = service.progress(info.submission_id)

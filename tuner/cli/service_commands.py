@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from tuner.service import server as service
+from tuner.service.client import Service
 from tuner.service.contract import JOB_KIND, client_for
 
 
@@ -26,7 +28,20 @@ def _start(args) -> int:
         print(f"precision-tuner service: started in {time.perf_counter() - began:.1f} s")
     for line in service.describe(info, token):
         print(line)
+    if started:
+        _close_orphans(info, token)
     return 0
+
+
+def _close_orphans(info, token_file) -> None:
+    """Jobs that died with the last cluster: their MLflow runs closed (tuner.service.client)."""
+    try:
+        service = Service(argparse.Namespace(service=info.job_server, token_file=token_file))
+        for line in service.close_orphans():
+            print(f"  {line}")
+    except Exception as exc:  # noqa: BLE001 - the service is up; `jobs` retries this
+        print(f"  could not check for jobs left RUNNING in MLflow ({type(exc).__name__}); "
+              "`precision-tuner jobs` closes them")
 
 
 def _stop(args) -> int:

@@ -107,8 +107,8 @@ class Service:
 
     def recorded_job(self, job_id: str) -> dict[str, Any]:
         """What a resubmission needs of ``job_id``: from the Ray job, or, after the cluster
-        restarted, from its MLflow parent run (then tune's unrecorded flags -- workers, time
-        limit, finalists -- fall back to their defaults)."""
+        restarted, from its MLflow parent run (the flags it was submitted with, so a resumed
+        job keeps its workers, time limit and finalists, and its space file's copy)."""
         info = self.job(job_id, required=False)
         if info is not None:
             meta = info.metadata
@@ -121,11 +121,45 @@ class Service:
             raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}, "
                              "neither in Ray nor in MLflow. List the jobs with "
                              "`precision-tuner jobs`.")
-        flags = parent.data.tags.get(job_context.TAG_PREFIX + "flags", "-")
+        tag = parent.data.tags.get(job_context.TAG_PREFIX + "flags", "-")
+        flags = [] if tag == "-" else tag.split()
+        run_root = str(Path(parent.data.tags["run_dir"]).parent)
         return {"task": Path(parent.data.params.get("task", "?")).name,
-                "run_root": str(Path(parent.data.tags["run_dir"]).parent), "tune_args": [],
-                "flags": [] if flags == "-" else flags.split(),
-                "running": False, "status": parent.info.status}
+                "run_root": run_root, "tune_args": job_tune_args(flags, run_root),
+                "flags": flags, "running": False, "status": parent.info.status}
+
+    def close_orphans(self) -> list[str]:
+        """Close the records no job is left to close: a parent run still RUNNING in MLflow
+        whose job's driver is gone (Ray says the job ended, or forgot it when the cluster
+        restarted) ends as KILLED where the job was stopped, else FAILED, with its running
+        trials KILLED and the reason in a tag. One line per run closed."""
+        experiments = [e.experiment_id for e in self.mlflow.search_experiments(
+            filter_string="name LIKE 'precision-tuner/%'")]
+        if not experiments:
+            return []
+        closed = []
+        for parent in self.mlflow.search_runs(
+                experiments, filter_string="attributes.status = 'RUNNING'", max_results=500):
+            job_id = parent.data.tags.get(job_context.JOB_ID_TAG)
+            if not job_id or parent.data.tags.get("mlflow.parentRunId"):
+                continue                 # not a service job's parent run
+            info = self.job(job_id, required=False)
+            if info is not None and not info.status.is_terminal():
+                continue                 # still running: it closes its own records
+            status, why = ("FAILED", "the cluster no longer knows the job (it restarted "
+                                     "while the job ran)") if info is None else \
+                ("KILLED" if info.status.value == "STOPPED" else "FAILED",
+                 f"its driver ended ({info.status.value}) without closing its records")
+            run_id = parent.info.run_id
+            for child in self.mlflow.search_runs(
+                    [parent.info.experiment_id], max_results=1000,
+                    filter_string=f"tags.`mlflow.parentRunId` = '{run_id}' and "
+                                  "attributes.status = 'RUNNING'"):
+                self.mlflow.set_terminated(child.info.run_id, status="KILLED")
+            self.mlflow.set_tag(run_id, job_context.TAG_PREFIX + "closed_because", why)
+            self.mlflow.set_terminated(run_id, status=status)
+            closed.append(f"closed job {job_id}'s MLflow run as {status}: {why}")
+        return closed
 
     def tuning_jobs(self) -> list:
         jobs = [j for j in self.jobs.list_jobs()
@@ -176,6 +210,22 @@ class Service:
 def new_job_id(task_path: Path) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{task_path.stem}-{stamp}-{secrets.token_hex(2)}"
+
+
+def is_space_file(space: str | None) -> bool:
+    """Does ``--space`` name a YAML file (shipped with the job) rather than a built-in space?"""
+    return bool(space) and (space.endswith((".yaml", ".yml")) or os.sep in space)
+
+
+def job_tune_args(flags: list[str], run_root: str) -> list[str]:
+    """The tune arguments a job runs with: the user's flags, a space file's path pointing at
+    the job's own copy (``entrypoint`` puts it in RUN_ROOT/task)."""
+    words = list(flags)
+    if "--space" in words[:-1]:
+        index = words.index("--space") + 1
+        if is_space_file(words[index]):
+            words[index] = f"{run_root}/task/{Path(words[index]).name}"
+    return words
 
 
 def entrypoint(*, task_name: str, space_name: str | None, run_root: str, tracking_uri: str,

@@ -194,6 +194,38 @@ def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dic
     return env
 
 
+# Ray's default --min-worker-port and --max-worker-port: the head reserves them for its workers,
+# and a head whose own port lies among them exits at start with only a pointer to its log.
+RAY_WORKER_PORTS = (10002, 19999)
+
+
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Refuse, in one line and before anything starts, a port that cannot work: not a port,
+    privileged without root, the Ray head's inside Ray's worker-port range, two services on
+    one port, or one already in use."""
+    low, high = RAY_WORKER_PORTS
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port > 65535:
+            raise UsageError(f"{name} {port} is not a port (at most 65535). Pass a port from "
+                             "1024 to 65535.")
+        if port < 1024 and os.geteuid() != 0:
+            raise UsageError(f"{name} {port} is a privileged port (below 1024), which only "
+                             "root may bind. Pass a port from 1024 to 65535.")
+        if name == "--ray-port" and low <= port <= high:
+            raise UsageError(f"{name} {port} lies in Ray's worker-port range ({low}-{high}), "
+                             "which the head reserves for its workers, so it would exit at "
+                             "start. Pass a port outside it, e.g. 6379 (the default).")
+        if port in seen:
+            raise UsageError(f"{seen[port]} and {name} are both {port}; each service needs "
+                             "its own port. Pass another one for either.")
+        seen[port] = name
+    for name, port in ports.items():
+        if _port_in_use(host, port):
+            raise UsageError(f"port {port} ({name}) on {host} is already in use. Pass another "
+                             f"{name}, or stop what listens there.")
+
+
 def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
           dashboard_port: int = 8265, mlflow_port: int = 5000, num_cpus: int | None = None,
           auth: bool | None = None, say=print) -> tuple[ServiceInfo, bool]:
@@ -208,11 +240,8 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
                          f"`precision-tuner service stop --dir {service_dir}`, then start it.")
     service_dir.mkdir(parents=True, exist_ok=True)
     auth = host not in LOOPBACK if auth is None else auth
-    for name, port in (("--ray-port", ray_port), ("--dashboard-port", dashboard_port),
-                       ("--mlflow-port", mlflow_port)):
-        if _port_in_use(host, port):
-            raise UsageError(f"port {port} ({name}) on {host} is already in use. Pass another "
-                             f"{name}, or stop what listens there.")
+    check_ports(host, {"--ray-port": ray_port, "--dashboard-port": dashboard_port,
+                       "--mlflow-port": mlflow_port})
     for sub in ("jobs", "logs", "mlflow"):
         (service_dir / sub).mkdir(exist_ok=True)
     info = ServiceInfo(dir=str(service_dir), host=host, ray_port=ray_port,
