@@ -1,13 +1,19 @@
 """The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
-latency, and the wall time of two jobs submitted together against the same two one after the
-other. Starts a loopback service on free ports in a temporary directory and stops it.
+latency, each job's own start-up phase, and the wall time of two jobs submitted together
+against the same two one after the other. Starts a loopback service on free ports in a
+temporary directory and stops it.
 
     python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20]
+    python benchmarks/service_timing.py --table    # the README's table, from the results
+
+Results go to benchmarks/results/service_timing.json; the README's table is ``--table``'s
+output (tests/test_benchmark_results.py checks that they agree).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "service_timing.json"
 
 
 def _free_port() -> int:
@@ -33,18 +40,40 @@ def cli(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
+def table(results: dict) -> str:
+    """The README's table of ``results`` (markdown)."""
+    lines = [f"| {results['task']} (`{results['flags']}`), {results['cpus']} CPUs | seconds |",
+             "|---|---|"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in results["figures"].items()]
+    lines.append(f"| two jobs: together / one after the other | "
+                 f"{results['together_over_sequential']:.2f} (ratio) |")
+    return "\n".join(lines)
+
+
+def _start_up_phase(service_dir: Path, job: str) -> float:
+    """The job's own start-up phase (its timing.json): the command, Ray, the worker."""
+    timing = json.loads((service_dir / "jobs" / job / "run" / "timing.json").read_text())
+    return timing["phases"]["start-up"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task", nargs="?", default=str(ROOT / "tests/tasks/tiny_mlp.py"))
     parser.add_argument("--trials", default="4")
     parser.add_argument("--steps", default="20")
+    parser.add_argument("--table", action="store_true",
+                        help="print the README's table from the results file and exit")
     options = parser.parse_args()
+    if options.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return
     folder = Path(tempfile.mkdtemp(prefix="pt-service-timing-"))
+    service_dir = folder / "svc"
     ports = {"--ray-port": _free_port(), "--dashboard-port": _free_port(),
              "--mlflow-port": _free_port()}
     address = f"http://127.0.0.1:{ports['--dashboard-port']}"
     env = {**os.environ, "PRECISION_TUNER_SERVICE": address}
-    start = ["service", "start", "--dir", str(folder / "svc")]
+    start = ["service", "start", "--dir", str(service_dir)]
     for flag, port in ports.items():
         start += [flag, str(port)]
     began = time.perf_counter()
@@ -83,24 +112,30 @@ def main() -> None:
         one, submitted = submit()
         figures["submit to first trial opened"] = first_trial(one) - submitted
         figures["one job, submit to done"] = wait(one) - submitted
+        figures["first job's start-up phase"] = _start_up_phase(service_dir, one)
         began = time.perf_counter()
         for _ in range(2):
             job, _ = submit()
             wait(job)
         figures["two jobs one after the other"] = time.perf_counter() - began
+        figures["a later job's start-up phase"] = _start_up_phase(service_dir, job)
         began = time.perf_counter()
         pair = [submit()[0] for _ in range(2)]
         for job in pair:
             wait(job)
         figures["two jobs submitted together"] = time.perf_counter() - began
     finally:
-        cli("service", "stop", "--dir", str(folder / "svc"), env=env)
-    print(f"task {Path(options.task).name}, --trials {options.trials} --steps {options.steps}, "
-          f"{os.cpu_count()} CPUs")
-    for name, seconds in figures.items():
-        print(f"  {name:32} {seconds:6.1f} s")
-    print(f"  together / one after the other: "
-          f"{figures['two jobs submitted together'] / figures['two jobs one after the other']:.2f}")
+        cli("service", "stop", "--dir", str(service_dir), env=env)
+    results = {"task": Path(options.task).name,
+               "flags": f"--trials {options.trials} --steps {options.steps}",
+               "cpus": os.cpu_count(), "measured": time.strftime("%Y-%m-%d"),
+               "figures": {name: round(seconds, 2) for name, seconds in figures.items()},
+               "together_over_sequential": round(
+                   figures["two jobs submitted together"]
+                   / figures["two jobs one after the other"], 3)}
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+    print(f"written to {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
