@@ -4,6 +4,7 @@ were a no-op (the dynamic trial would then learn as little as the unscaled one, 
 scale's overflowing steps would be applied instead of skipped)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,7 @@ def test_gradients_that_underflow_need_a_loss_scale_and_the_export_keeps_one(tmp
     why = best["provenance"]["loss_scale_why"]
     assert why.startswith("dynamic, starts at 2^15: from the space's initial_scales"), why
     assert "loss scale: dynamic, starts at 2^15: from" in stdout   # (the console wraps it)
+    assert re.search(r"of the ceiling: [0-9.]+x is [0-9]+% of float16's peak [0-9.]+x", stdout)
 
 
 def test_a_large_fixed_scale_skips_steps_where_a_dynamic_one_backs_off(tmp_path):
