@@ -20,7 +20,7 @@ demo: setup
 		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json --force
 
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # Debian's headless Chromium and ChromeDriver for the MLflow UI test (no browser download).
 browser:
