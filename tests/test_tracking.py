@@ -3,6 +3,8 @@ catches MLflow up with what trials.jsonl has."""
 
 import threading
 
+import pytest
+
 from tuner.apply.config import PrecisionConfig
 from tuner.run.trial_records import TrialRecorder as _Records
 from tuner.records.results import TrialRow
@@ -82,3 +84,40 @@ def test_a_resume_keeps_the_open_runs_of_recorded_trials_and_kills_the_others(tm
     assert client.get_run(recorded).info.status == "RUNNING"   # the caller logs it
     killed = client.get_run(running)
     assert killed.info.status == "KILLED" and killed.data.tags["verdict"] == "killed"
+
+
+def test_two_jobs_creating_one_experiment_at_once_both_get_it(tmp_path):
+    """Two service jobs of the same task start together: both see no experiment, one creates
+    it, the server refuses the other's creation (a unique name); that one uses the winner's."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tuner.records.mlflow_records import EXPERIMENT_KIND_TAG, experiment_for
+
+    store = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    class LosesTheRace:
+        """Sees no experiment at first; its creation then clashes with the other job's."""
+
+        def __init__(self):
+            self.looked = 0
+
+        def get_experiment_by_name(self, name):
+            self.looked += 1
+            return None if self.looked == 1 else store.get_experiment_by_name(name)
+
+        def create_experiment(self, name, **kwargs):
+            store.create_experiment(name, **kwargs)          # the other job, just before
+            return store.create_experiment(name, **kwargs)   # refused: the name is taken
+
+        def set_experiment_tag(self, *args):
+            store.set_experiment_tag(*args)
+
+    with pytest.raises(MlflowException):     # what a plain create does
+        LosesTheRace().create_experiment("precision-tuner/x")
+    loser = LosesTheRace()
+    winner_id = experiment_for(loser, "precision-tuner/tiny_mlp", None)
+    experiment = store.get_experiment_by_name("precision-tuner/tiny_mlp")
+    assert winner_id == experiment.experiment_id and loser.looked == 2
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert experiment_for(store, "precision-tuner/tiny_mlp", None) == winner_id

@@ -31,6 +31,25 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
+def experiment_for(client, name: str, artifact_location: str | None) -> str:
+    """The id of experiment ``name``, created when missing. Two service jobs of one task start
+    at once: both may find it missing, and the server refuses the second creation (a unique
+    name), so a refused creation reads the experiment the other job made."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # noqa: BLE001 - MLflow reports the clash as its own error types
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                  EXPERIMENT_KIND)
+    return experiment.experiment_id
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, run_dir: Path, experiment_name: str) -> None:
         from mlflow import MlflowClient
@@ -41,19 +60,10 @@ class Tracker:
 
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
-        experiment = self.client.get_experiment_by_name(experiment_name)
-        if experiment is None:
-            artifact_location = None
-            if tracking_uri.startswith("sqlite:"):
-                artifact_location = (run_dir / "mlartifacts").resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(
-                experiment_name, artifact_location=artifact_location,
-                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-        else:
-            self.experiment_id = experiment.experiment_id
-            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
-                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
-                                               EXPERIMENT_KIND)
+        artifact_location = None
+        if tracking_uri.startswith("sqlite:"):
+            artifact_location = (run_dir / "mlartifacts").resolve().as_uri()
+        self.experiment_id = experiment_for(self.client, experiment_name, artifact_location)
         self.parent_id: str | None = None
         self.trial_tags: dict[str, str] = {}   # on every trial run too (a service job's id)
 
