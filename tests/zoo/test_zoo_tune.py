@@ -31,6 +31,11 @@ EXPECTED_FAILURES = {
     "add_loss": ("dtype_mismatch", "activity_regularization"),   # its add_loss term is 16-bit
     "float_token_ids": ("integer_rounding", "token_embedding"),  # ids up to 4999 as floats
 }
+# Models whose short bf16 trial validates on either side of the allowance: guide_train_step's
+# was stable in most runs, and in one fresh-clone run of the whole suite it validated at
+# 0.0191 against float32's 0.0127 (1.5x; allowance 25%). Rejecting that is the verdict doing
+# its job, so the test asks for a verdict with its reason, not for a side.
+EITHER_SIDE_OF_VALIDATION = {"guide_train_step"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,11 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
         assert trials[2]["verdict"] == "stable", trials[2]["reason"]
     else:
         assert len(trials) == 2
-        assert trials[1]["verdict"] == "stable", trials[1]["reason"]
+        if name in EITHER_SIDE_OF_VALIDATION and trials[1]["verdict"] == "unstable":
+            assert trials[1]["reason"].startswith("validation loss "), trials[1]["reason"]
+            assert "vs float32's" in trials[1]["reason"]
+        else:
+            assert trials[1]["verdict"] == "stable", trials[1]["reason"]
     # Every trial was validated, on held-back data (no zoo model defines val_data()), through
     # the model's own evaluate; a test_step that never computes its loss is named, not trusted.
     validation = trials[0]["result"]["validation"]
