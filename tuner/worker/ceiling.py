@@ -25,6 +25,7 @@ Plain data out.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -114,19 +115,12 @@ def largest_kernel(model, batch_size: int) -> dict | None:
         shape = tuple(int(d) for d in getattr(kernel, "shape", ()) or ())
         if len(shape) < 2 or not all(shape):
             continue
-        width_in, width_out = int(_product(shape[:-1])), shape[-1]
+        width_in, width_out = math.prod(shape[:-1]), shape[-1]
         if best is None or width_in * width_out > best[0]:
             best = (width_in * width_out, layer.name, width_in, width_out)
     if best is None:
         return None
     return {"layer": best[1], "shape": [int(batch_size), best[2], best[3]]}
-
-
-def _product(values) -> int:
-    total = 1
-    for value in values:
-        total *= value
-    return total
 
 
 def _layers(model):
