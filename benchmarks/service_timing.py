@@ -1,7 +1,8 @@
 """The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
 latency, each job's own start-up phase, and the wall time of two jobs submitted together
-against the same two one after the other. Starts a loopback service on free ports in a
-temporary directory and stops it.
+against the same two one after the other; cold (``service start --warm-workers 0``: each job
+starts its own TensorFlow workers) and warm (the service's pool lends them). Starts a loopback
+service on free ports in a temporary directory for each, and stops it.
 
     python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20]
     python benchmarks/service_timing.py --table    # the README's table, from the results
@@ -41,12 +42,17 @@ def cli(*args: str, env: dict[str, str]) -> str:
 
 
 def table(results: dict) -> str:
-    """The README's table of ``results`` (markdown)."""
-    lines = [f"| {results['task']} (`{results['flags']}`), {results['cpus']} CPUs | seconds |",
-             "|---|---|"]
-    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in results["figures"].items()]
+    """The README's table of ``results`` (markdown): cold (``--warm-workers 0``: every job
+    starts its own TensorFlow workers) and warm (the service's pool lends them)."""
+    cold, warm = results["cold"], results["warm"]
+    lines = [f"| {results['task']} (`{results['flags']}`), {results['cpus']} CPUs | cold (s) "
+             "| warm (s) | warm / cold |", "|---|---|---|---|"]
+    for name, seconds in cold["figures"].items():
+        lines.append(f"| {name} | {seconds:.1f} | {warm['figures'][name]:.1f} | "
+                     f"{warm['figures'][name] / seconds:.2f} |")
     lines.append(f"| two jobs: together / one after the other | "
-                 f"{results['together_over_sequential']:.2f} (ratio) |")
+                 f"{cold['together_over_sequential']:.2f} | "
+                 f"{warm['together_over_sequential']:.2f} | (ratios) |")
     return "\n".join(lines)
 
 
@@ -56,17 +62,8 @@ def _start_up_phase(service_dir: Path, job: str) -> float:
     return timing["phases"]["start-up"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", nargs="?", default=str(ROOT / "tests/tasks/tiny_mlp.py"))
-    parser.add_argument("--trials", default="4")
-    parser.add_argument("--steps", default="20")
-    parser.add_argument("--table", action="store_true",
-                        help="print the README's table from the results file and exit")
-    options = parser.parse_args()
-    if options.table:
-        print(table(json.loads(RESULTS.read_text())))
-        return
+def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
+    """One service, started, used and stopped: its figures in seconds."""
     folder = Path(tempfile.mkdtemp(prefix="pt-service-timing-"))
     service_dir = folder / "svc"
     ports = {"--ray-port": _free_port(), "--dashboard-port": _free_port(),
@@ -76,6 +73,8 @@ def main() -> None:
     start = ["service", "start", "--dir", str(service_dir)]
     for flag, port in ports.items():
         start += [flag, str(port)]
+    if not warm:
+        start += ["--warm-workers", "0"]
     began = time.perf_counter()
     cli(*start, env=env)
     figures = {"service start-up": time.perf_counter() - began}
@@ -88,8 +87,7 @@ def main() -> None:
 
         def submit() -> tuple[str, float]:
             submitted = time.perf_counter()
-            out = cli("submit", options.task, "--trials", options.trials, "--steps",
-                      options.steps, env=env)
+            out = cli("submit", task, "--trials", trials, "--steps", steps, env=env)
             return out.strip().splitlines()[-1], submitted
 
         def first_trial(job: str) -> float:
@@ -126,13 +124,28 @@ def main() -> None:
         figures["two jobs submitted together"] = time.perf_counter() - began
     finally:
         cli("service", "stop", "--dir", str(service_dir), env=env)
+    return {"figures": {name: round(seconds, 2) for name, seconds in figures.items()},
+            "together_over_sequential": round(figures["two jobs submitted together"]
+                                              / figures["two jobs one after the other"], 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("task", nargs="?", default=str(ROOT / "tests/tasks/tiny_mlp.py"))
+    parser.add_argument("--trials", default="4")
+    parser.add_argument("--steps", default="20")
+    parser.add_argument("--table", action="store_true",
+                        help="print the README's table from the results file and exit")
+    options = parser.parse_args()
+    if options.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return
     results = {"task": Path(options.task).name,
                "flags": f"--trials {options.trials} --steps {options.steps}",
-               "cpus": os.cpu_count(), "measured": time.strftime("%Y-%m-%d"),
-               "figures": {name: round(seconds, 2) for name, seconds in figures.items()},
-               "together_over_sequential": round(
-                   figures["two jobs submitted together"]
-                   / figures["two jobs one after the other"], 3)}
+               "cpus": os.cpu_count(), "measured": time.strftime("%Y-%m-%d")}
+    for kind in ("cold", "warm"):
+        results[kind] = scenario(options.task, options.trials, options.steps, kind == "warm")
+        print(f"{kind}: {results[kind]}", file=sys.stderr)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     print(f"written to {RESULTS.relative_to(ROOT)}")

@@ -239,6 +239,95 @@ def test_stop_mid_run_keeps_finished_trials_and_resume_continues(service, side_b
     assert f"resuming {service.run_dir(job)}: {len(kept)} of" in client.get_job_logs(resumed)
 
 
+def _pool(service, settled=lambda text: True, timeout=90.0) -> str:
+    """``service status``'s text, once ``settled(text)`` (the keeper replaces workers in the
+    background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = service.run("service", "status", "--dir", str(service.dir))
+        assert shown.returncode == 0, shown.stderr
+        if settled(shown.stdout) or time.monotonic() > deadline:
+            return shown.stdout
+        time.sleep(1)
+
+
+def _all_back(text: str) -> bool:
+    return "warm workers: 3 (0 starting)" in text and "0 busy, 0 lent between trials, 2 idle" \
+        in text
+
+
+def test_jobs_borrow_the_warm_workers_and_give_them_all_back(service, side_by_side):
+    jobs, crashing, _ = side_by_side
+    for job in [*jobs, crashing]:
+        assert "this job borrows them, TensorFlow already imported" in \
+            service.client().get_job_logs(job)
+    for job in jobs:
+        timing = json.loads((service.run_dir(job) / "timing.json").read_text())
+        assert timing["phases"]["start-up"] < 5.0, timing["phases"]
+    shown = _pool(service, _all_back)
+    assert _all_back(shown), shown
+    assert re.search(r"node \w{8}: 2 slots: 0 busy, 0 lent between trials, 2 idle; timing: -",
+                     shown), shown
+
+
+CRASH_UNDER_BF16 = """
+import ctypes
+
+import keras
+import numpy as np
+
+LOSS = "mse"
+
+
+def build_model():
+    if keras.config.dtype_policy().name == "mixed_bfloat16":
+        ctypes.string_at(0)           # SIGSEGV: the worker process dies
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(inputs)))
+
+
+def train_data():
+    x = np.random.default_rng(0).normal(size=(320, 4)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+"""
+
+
+def test_a_warm_worker_that_crashed_is_replaced(service, side_by_side, tmp_path):
+    task = tmp_path / "crash_bf16.py"
+    task.write_text(CRASH_UNDER_BF16)
+    done = service.run("submit", str(task), "--space",
+                       str(ROOT / "tests" / "faults" / "space.yaml"), "--keep-slow-policies")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().splitlines()[-1]
+    assert service.wait(job) == "SUCCEEDED", service.client().get_job_logs(job)[-3000:]
+    trials = [json.loads(line) for line in
+              (service.run_dir(job) / "trials.jsonl").read_text().splitlines()]
+    assert [t["verdict"] for t in trials] == ["stable", "failed"]
+    assert trials[1]["result"]["failure_class"] == "worker_crashed"
+    shown = _pool(service, _all_back)    # the crashed worker's successor is warm and idle
+    assert _all_back(shown), shown
+
+
+def test_a_killed_jobs_warm_workers_come_back(service, side_by_side):
+    job = service.submit("slow_steps", *STOPPABLE)
+    trials_log = service.run_dir(job) / "trials.jsonl"
+    deadline = time.monotonic() + 300
+    while not (trials_log.is_file() and trials_log.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline, service.client().get_job_logs(job)[-3000:]
+        time.sleep(0.5)
+    busy = _pool(service)
+    assert re.search(r"2 slots: 1 busy, 0 lent between trials, 1 idle|2 slots: 0 busy, "
+                     r"1 lent between trials, 1 idle", busy), busy
+    pids = subprocess.run(["pgrep", "-f", f"jobs/{job}/run"], capture_output=True,
+                          text=True).stdout.split()
+    drivers = [pid for pid in pids if "tuner" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(drivers) == 1, pids
+    os.kill(int(drivers[0]), 9)          # no time to give anything back
+    shown = _pool(service, _all_back)
+    assert _all_back(shown), shown
+    assert service.wait(job, timeout=60) == "FAILED"
+
+
 def test_bad_input_is_refused_at_submit_time_like_tune(service, side_by_side, tmp_path):
     before = {j.submission_id for j in service.client().list_jobs()}
     cases = [[str(tmp_path / "missing.py")],

@@ -16,6 +16,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 2, got "
+                                         f"{text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def ratio(text: str) -> float:
     try:
         value = float(text)

@@ -9,9 +9,11 @@ job runs (tuner.run.job) under the live progress bar; the summary is printed at 
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +126,8 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     """Check the task in the worker, fit the space to the model's layers, run diagnostics.
     Times the start-up (until the worker began the check), the check and the diagnostics."""
     console.print("starting the TensorFlow worker and checking the task...")
+    # MLflow takes seconds to import; the driver only waits on the worker meanwhile.
+    threading.Thread(target=_import_quietly, args=("mlflow",), daemon=True).start()
     # One call: the task is loaded and the model built once for the check and the diagnostics.
     task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
                                plan.space.float32_layers,
@@ -148,6 +152,13 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     for line in conclusions(diagnostics):
         console.print(f"diagnostics: {line}", markup=False)
     return plan.with_diagnostics(diagnostics), task_info, diagnostics
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
+        pass
 
 
 def flags_from(args, task_path: Path):
@@ -223,9 +234,14 @@ def _executor(args, console):
     if job_context.job_id() is not None and args.ray_address:
         # A service job on the team's cluster: screen on a share of it, and wait for a
         # whole node (behind other jobs' re-measurements) rather than time on a busy one.
-        return RayExecutor(workers=args.workers, address=args.ray_address,
-                           worker_cpus=job_context.worker_cpus(), node_wait_s=3600.0)
-    return RayExecutor(workers=args.workers, address=args.ray_address)
+        executor = RayExecutor(workers=args.workers, address=args.ray_address,
+                               worker_cpus=job_context.worker_cpus(), node_wait_s=3600.0)
+    else:
+        executor = RayExecutor(workers=args.workers, address=args.ray_address)
+    if executor.warm:
+        console.print("the cluster keeps warm workers (the service's pool): this job borrows "
+                      "them, TensorFlow already imported, and gives them back at its end")
+    return executor
 
 
 def _copy_log(source: str, target: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
 from tuner.cli import commands, jobs, service_commands as service_cli
-from tuner.api.arguments import positive_int
+from tuner.api.arguments import count, positive_int
 from tuner.api.options import add_tune_parser
 from tuner.cli.jobs import FORWARDED
 from tuner.api.run import tune_parsed
@@ -122,6 +122,9 @@ def _add_service_parser(commands) -> None:
                        help="MLflow tracking server and UI [default: %(default)s]")
     start.add_argument("--num-cpus", type=positive_int,
                        help="CPUs the head offers to trials [default: all]")
+    start.add_argument("--warm-workers", type=count, default=None, metavar="N",
+                       help="warm TensorFlow workers kept per node for jobs to borrow "
+                            "[default: one per CPU; 0: none, each job starts its own]")
     start.add_argument("--auth", action="store_true",
                        help="require the token on loopback too")
     for action in ("stop", "status"):

@@ -76,6 +76,10 @@ def submit(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> in
         raise UsageError(f"--resume {args.resume_job} continues that job with its own flags; "
                          f"drop {' '.join(user_flags)}")
     service = Service(args)
+    if args.worker_cpus != 1 and service.record.get("warm_workers", "0") != "0":
+        raise UsageError(f"--worker-cpus {args.worker_cpus}: this service lends warm workers "
+                         "of 1 CPU each, which hold its nodes' CPUs. Drop --worker-cpus, or "
+                         "start the service with --warm-workers 0.")
     job_id = new_job_id(task_path)
     resumes = ""
     if args.resume_job:

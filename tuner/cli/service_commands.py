@@ -7,6 +7,7 @@ import time
 
 from tuner.service import server as service
 from tuner.service.client import Service
+from tuner.service.server import pool_line
 from tuner.service.contract import JOB_KIND, client_for
 
 
@@ -19,7 +20,8 @@ def _start(args) -> int:
     info, started = service.start(args.dir, host=args.host, ray_port=args.ray_port,
                                   dashboard_port=args.dashboard_port,
                                   mlflow_port=args.mlflow_port, num_cpus=args.num_cpus,
-                                  auth=True if args.auth else None)
+                                  auth=True if args.auth else None,
+                                  warm_workers=args.warm_workers)
     token = service.token_path(args.dir.resolve()) if info.auth else None
     if not started:
         print(f"precision-tuner service: already running in {info.dir} (started "
@@ -28,6 +30,8 @@ def _start(args) -> int:
         print(f"precision-tuner service: started in {time.perf_counter() - began:.1f} s")
     for line in service.describe(info, token):
         print(line)
+    if started and info.pool is not None:
+        print(pool_line(info.pool))
     if started:
         _close_orphans(info, token)
     return 0
@@ -79,4 +83,6 @@ def _status(args) -> int:
                             or "none yet"))
     except Exception as exc:  # noqa: BLE001 - status still says what it knows
         print(f"  jobs: cannot list them ({type(exc).__name__})")
+    for line in service.pool_status(info):
+        print(line)
     return 0

@@ -26,33 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from tuner import job_context
 from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
 from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
-from tuner.worker.process import TrialWorker
+from tuner.execution.ray_actor import trial_actor_class
+from tuner.execution.warm_pool import Lender, find_keeper
 from tuner.execution.watchdog import share_fate
 
 _PLACEMENT_TIMEOUT_S = 120.0
 _ACTOR_START_TIMEOUT_S = 600.0
-
-
-def _trial_actor_class():
-    import ray
-
-    @ray.remote(max_restarts=0, max_task_retries=0)
-    class TrialActor(TrialWorker):
-        """A ``TrialWorker`` as a Ray actor, at normal priority, named by its node."""
-
-        def __init__(self, threads: int, use_gpu: bool) -> None:
-            try:  # Ray starts workers at nice 15: any busy process would starve our timings.
-                os.setpriority(os.PRIO_PROCESS, 0, 0)
-            except OSError:
-                pass
-            context = ray.get_runtime_context()
-            super().__init__(threads, use_gpu,
-                             f"{ray.util.get_node_ip_address()}/{context.get_node_id()[:8]}")
-
-    return TrialActor
 
 
 @dataclass
@@ -65,6 +48,8 @@ class _Slot:
     limit_s: float = 0.0
     overlapped: bool = False             # another trial ran on the same node meanwhile
     spec: TrialSpec | None = None        # what it runs, to re-queue if its node is lost
+    name: str | None = None              # a warm worker borrowed from the service's pool
+    timing: bool = False                 # the pool's timing worker, lent for a timed phase
 
 
 class RayExecutor:
@@ -118,7 +103,8 @@ class RayExecutor:
         self.cpus_per_worker = max(1, self.total_cpus // workers) if not self.total_gpus else 1
         if worker_cpus:
             self.cpus_per_worker = max(1, min(worker_cpus, self.total_cpus))
-        self._actor_class = _trial_actor_class()
+        self._actor_class = trial_actor_class()
+        self._lender = self._find_pool() if address is not None else None
         self._slots: list[_Slot] = []
         self._finished: list[TrialResult] = []
         self.task_source_cache: dict[str, dict] = {}
@@ -152,14 +138,48 @@ class RayExecutor:
                 f"cluster short of CPUs/GPUs for --workers {self.workers}?") from None
         return [_Slot(actor, node) for actor, node in zip(actors, nodes)]
 
+    def _find_pool(self) -> Lender | None:
+        """On the service's cluster: its warm workers, to borrow (tuner.execution.warm_pool;
+        1 CPU each). A cluster with GPUs starts its own workers."""
+        keeper = None if self.total_gpus else find_keeper()
+        if keeper is None:
+            return None
+        self.cpus_per_worker = 1
+        return Lender(keeper, job_context.job_id() or "tune")
+
+    @property
+    def warm(self) -> bool:
+        """The workers are the service's warm ones, borrowed (not started by this job)."""
+        return self._lender is not None
+
+    def _screening(self) -> list[_Slot]:
+        return [s for s in self._slots if not s.timing]
+
     def _fill_pool(self) -> None:
-        missing = self.workers - len(self._slots)
+        missing = self.workers - len(self._screening())
         if missing <= 0:
+            return
+        if self._lender is not None:
+            self._borrow(missing)
             return
         options = {"num_cpus": self.cpus_per_worker, "scheduling_strategy": "SPREAD"}
         if self.gpus_per_worker:
             options["num_gpus"] = self.gpus_per_worker
         self._slots.extend(self._start_actors(missing, **options))
+
+    def _borrow(self, missing: int) -> None:
+        import ray
+
+        lent = self._lender.borrow(missing, self.announce)
+        nodes = ray.get([handle.node.remote() for _, handle, _ in lent],
+                        timeout=_ACTOR_START_TIMEOUT_S)
+        self._slots.extend(_Slot(handle, node, name=name)
+                           for (name, handle, _), node in zip(lent, nodes))
+        if len(lent) < missing:
+            self.workers = len(self._screening())
+            if self.announce is not None:
+                self.announce(f"the service's pool lent {len(lent)} of the {missing} warm "
+                              f"worker(s) asked for; running with {self.workers}")
 
     # -- checking the task -----------------------------------------------------------------
     def _shipped(self, task_path: str) -> dict:
@@ -221,7 +241,9 @@ class RayExecutor:
 
     def submit(self, spec: TrialSpec, time_limit_s: float, requeued: bool = False) -> None:
         self._fill_pool()
-        slot = next(s for s in self._slots if s.running is None)
+        slot = next(s for s in self._screening() if s.running is None)
+        if slot.name is not None:
+            self._lender.begin(slot.name, self.announce)
         if self.submissions is not None:
             self.submissions.write(spec, "search", requeued=requeued)
         slot.ref = slot.actor.run.remote(self._with_source(spec))
@@ -241,8 +263,8 @@ class RayExecutor:
         import ray
 
         while True:
-            while self._requeued and (len(self._slots) < self.workers
-                                      or any(s.running is None for s in self._slots)):
+            while self._requeued and (len(self._screening()) < self.workers
+                                      or any(s.running is None for s in self._screening())):
                 self.submit(*self._requeued.pop(0), requeued=True)
             busy = [s for s in self._slots if s.running is not None]
             if not busy:
@@ -265,6 +287,8 @@ class RayExecutor:
         import ray
 
         number = slot.running
+        if slot.name is not None and not slot.timing:
+            slot.overlapped = self._lender.end(slot.name) or slot.overlapped
         try:
             result = TrialResult.from_dict(ray.get(slot.ref))
             result.exclusive_timing = not slot.overlapped
@@ -306,6 +330,8 @@ class RayExecutor:
         return True
 
     def _timeout(self, slot: _Slot) -> TrialResult:
+        if slot.name is not None and not slot.timing:
+            self._lender.end(slot.name)
         result = self._failed(slot, FailureClass.TIMEOUT,
                               f"trial exceeded its time limit of {slot.limit_s:.0f} s; worker "
                               "killed")
@@ -324,9 +350,14 @@ class RayExecutor:
         return self._owns_ray
 
     def _replace(self, slot: _Slot) -> None:
-        """Kill a slot's actor (no restart) and put a fresh one in its place, lazily."""
+        """Kill a slot's actor (no restart) and put a fresh one in its place, lazily (a warm
+        worker: the pool's keeper kills it and starts its successor)."""
         import ray
 
+        if slot.name is not None:
+            self._lender.replace(slot.name)
+            self._slots.remove(slot)
+            return
         try:
             ray.kill(slot.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - it may already be gone
@@ -364,6 +395,10 @@ class RayExecutor:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
+        if self._lender is not None:
+            with self._pooled_exclusive() as session:
+                yield session
+            return
         if self._owns_ray and self.workers == 1 and self._slots and not self.in_flight():
             # A Ray instance this job started runs nothing but its one actor, idle now: that
             # actor has the machine to itself already, TensorFlow imported and the baseline's
@@ -402,6 +437,47 @@ class RayExecutor:
             if group is not None:
                 remove_placement_group(group)
             self._record_phase(node, began, group is not None, requested)
+
+    @contextlib.contextmanager
+    def _pooled_exclusive(self) -> Iterator["_ExclusiveSession"]:
+        """The service pool's timing worker of a node locked for this job: no other job's
+        trial runs there meanwhile (tuner.execution.warm_pool). When no node comes free
+        within ``node_wait_s``, the work runs on one of the job's own workers, shared."""
+        requested = time.time()
+        granted = self._lender.lock(self.node_wait_s, self.announce)
+        if granted is None:
+            if self.announce is not None:
+                self.announce("re-measuring on a shared node: no node came free within "
+                              f"{self.node_wait_s:.0f} s")
+            self._fill_pool()
+            session = _ExclusiveSession(self, None, {}, slot=self._screening()[0],
+                                        exclusive=False)
+        else:
+            session = _ExclusiveSession(self, None, {}, slot=self._timing_slot(granted),
+                                        exclusive=True, lender=self._lender)
+            if self.announce is not None:
+                self.announce(f"re-measuring the finalists on node {granted[2]} (warm timing "
+                              "worker)")
+        began = time.time()
+        try:
+            yield session
+        finally:
+            session.release()
+            if granted is not None:
+                for slot in [s for s in self._slots if s.timing]:
+                    self._slots.remove(slot)
+                self._lender.unlock()
+            self._record_phase(granted[2] if granted else "-", began, granted is not None,
+                               requested)
+
+    def _timing_slot(self, granted: tuple) -> _Slot:
+        import ray
+
+        name, handle, _ = granted
+        slot = _Slot(handle, ray.get(handle.node.remote(), timeout=_ACTOR_START_TIMEOUT_S),
+                     name=name, timing=True)
+        self._slots.append(slot)
+        return slot
 
     def _wait_for(self, group) -> bool:
         """Wait up to ``node_wait_s`` for the reservation; after a few seconds say that the
@@ -442,6 +518,12 @@ class RayExecutor:
     def close(self) -> None:
         import ray
 
+        if self._lender is not None:
+            lent = [s.name for s in self._slots if s.name is not None and not s.timing]
+            self._slots = [s for s in self._slots if s.name is None]
+            if lent:
+                self._lender.give_back(lent)
+            self._lender.unlock()
         for slot in list(self._slots):
             self._replace(slot)
         if self._owns_ray and ray.is_initialized():
@@ -464,8 +546,10 @@ class _ExclusiveSession:
     session on the pool's own actor (``slot``) releases its models instead."""
 
     def __init__(self, executor: RayExecutor, group, bundle: dict[str, float],
-                 slot: _Slot | None = None, exclusive: bool | None = None) -> None:
+                 slot: _Slot | None = None, exclusive: bool | None = None,
+                 lender: Lender | None = None) -> None:
         self._executor = executor
+        self._lender = lender      # a warm timing worker: its successor comes from the keeper
         self._group = group
         self._bundle = bundle
         self._slot = slot
@@ -476,6 +560,12 @@ class _ExclusiveSession:
 
         executor = self._executor
         if self._slot is not None and self._slot in executor._slots:
+            return self._slot
+        if self._lender is not None:      # the timing worker crashed: the keeper replaced it
+            granted = self._lender.lock(60.0, None)
+            if granted is None:
+                raise TrialInfrastructureError("the service's pool lost this job's node lock")
+            self._slot = executor._timing_slot(granted)
             return self._slot
         if self._group is not None:
             (slot,) = executor._start_actors(

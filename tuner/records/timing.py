@@ -56,6 +56,8 @@ def describe_ceiling(ceiling: dict[str, Any]) -> str:
     slow = [dtype for dtype, speed in ceiling["speed"].items() if speed < CANNOT_WIN_BELOW]
     if slow:
         text += f"; {' and '.join(slow)} cannot beat float32 on this device"
+    if ceiling.get("reused"):
+        text += " (the device's figures as this warm worker measured them for an earlier job)"
     return text
 
 

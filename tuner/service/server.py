@@ -42,7 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner.errors import TunerError, UsageError
+from tuner.errors import TunerError, UsageError, first_line
+from tuner.execution.warm_pool import describe as describe_pool
 from tuner.records.run_store import write_atomic
 from tuner.service.contract import JOB_KIND, MLFLOW_USER, RECORD_JOB, client_for
 
@@ -66,6 +67,8 @@ class ServiceInfo:
     ray_pid: int = 0
     mlflow_pid: int = 0
     started_at: str = ""
+    warm_workers: int | None = None      # slot workers per node (None: one per CPU; 0: no pool)
+    pool: dict | None = None             # the pool as it stood when the service started
 
     @property
     def advertised_host(self) -> str:
@@ -90,7 +93,9 @@ class ServiceInfo:
         """The metadata of the service's record job: what a client needs to know."""
         return {"precision_tuner": "service", "tracking_uri": self.tracking_uri,
                 "service_dir": self.dir, "auth": "token" if self.auth else "none",
-                "ray_address": self.ray_address}
+                "ray_address": self.ray_address,
+                "warm_workers": "per CPU" if self.warm_workers is None
+                else str(self.warm_workers)}
 
 
 def _primary_address() -> str:
@@ -228,7 +233,8 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
 
 def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
           dashboard_port: int = 8265, mlflow_port: int = 5000, num_cpus: int | None = None,
-          auth: bool | None = None, say=print) -> tuple[ServiceInfo, bool]:
+          auth: bool | None = None, warm_workers: int | None = None,
+          say=print) -> tuple[ServiceInfo, bool]:
     """Start the Ray head and the MLflow server; ``(info, False)`` when already running."""
     service_dir = service_dir.resolve()
     previous = read_info(service_dir)
@@ -247,7 +253,8 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
     info = ServiceInfo(dir=str(service_dir), host=host, ray_port=ray_port,
                        dashboard_port=dashboard_port, mlflow_port=mlflow_port, auth=auth,
                        ray_temp_dir=_ray_temp_dir(service_dir),
-                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       warm_workers=warm_workers)
     token = _ensure_token(service_dir) if auth else None
     env = _environment(service_dir, info, token)
     try:
@@ -256,6 +263,9 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
         _write_info(info)
         _wait_until_up(info, token)
         _register(info, token)
+        if warm_workers != 0:
+            info.pool = _start_pool(info, env)
+            _write_info(info)
     except BaseException:
         _stop_processes(info)
         raise
@@ -346,6 +356,52 @@ def _register(info: ServiceInfo, token: str | None) -> None:
     client.submit_job(entrypoint="echo precision-tuner service record",
                       submission_id=RECORD_JOB, metadata=info.record(),
                       entrypoint_num_cpus=0)
+
+
+def _pool_command(info: ServiceInfo, env: dict[str, str], action: str, *extra: str,
+                  timeout_s: float = 60.0) -> dict | None:
+    """``python -m tuner.execution.warm_pool ACTION`` on the service's cluster, with the
+    head's environment (its token): the pool's keeper as it answers (None: no pool)."""
+    done = subprocess.run([sys.executable, "-m", "tuner.execution.warm_pool", action,
+                           "--address", info.ray_address, *extra],
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        with open(Path(info.dir) / "logs" / "pool.log", "a") as log:
+            log.write(done.stdout + done.stderr)
+        raise TunerError(f"the warm workers did not start ({_last_line(done.stderr)}); see "
+                         f"{Path(info.dir) / 'logs' / 'pool.log'}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "no output"
+
+
+def _start_pool(info: ServiceInfo, env: dict[str, str]) -> dict | None:
+    """The warm workers (tuner.execution.warm_pool), TensorFlow imported in each."""
+    return _pool_command(info, env, "start", "--slots", str(info.warm_workers or 0),
+                         "--wait", "120", timeout_s=_START_TIMEOUT_S + 60)
+
+
+def pool_line(state: dict) -> str:
+    rows = state.get("rows", [])
+    slots = sum(row["slots"] for row in rows)
+    return (f"  warm workers: {slots} slot worker(s) and {len(rows)} timing worker(s) on "
+            f"{len(rows)} node(s)" + (f", {len(state['starting'])} still starting"
+                                      if state.get("starting") else ", TensorFlow imported"))
+
+
+def pool_status(info: ServiceInfo) -> list[str]:
+    """``service status``'s lines on the warm workers: busy, lent, idle per node."""
+    if info.warm_workers == 0:
+        return describe_pool(None)
+    token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
+    try:
+        return describe_pool(_pool_command(info, _environment(Path(info.dir), info, token),
+                                           "status"))
+    except (TunerError, subprocess.TimeoutExpired, ValueError) as exc:
+        return [f"  warm workers: cannot ask the pool ({first_line(exc, 120)})"]
 
 
 def stop(service_dir: Path) -> ServiceInfo | None:

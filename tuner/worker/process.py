@@ -102,6 +102,21 @@ class TrialWorker:
     def release_live(self) -> int:
         return release()
 
+    def forget(self) -> int:
+        """Between two jobs on a warm worker: no live model, task or batch of the last job is
+        kept, and Keras's global state is fresh."""
+        import gc
+
+        import keras
+
+        from tuner.worker.task_loader import forget_tasks  # numpy at import
+
+        release()
+        count = forget_tasks()
+        keras.backend.clear_session()
+        gc.collect()
+        return count
+
     def diagnose(self, task_path: str, shipped: dict, steps: int) -> dict:
         self._receive(task_path, shipped)
         return diagnose(task_path, steps)

@@ -96,6 +96,16 @@ def receive_task(task_path: str, digest: str, fetch: Callable[[], str]) -> None:
     _here[task_path] = _received[digest]
 
 
+def forget_tasks() -> int:
+    """Drop every task this worker imported, with its batches: a warm worker of the service
+    (tuner.execution.warm_pool) serves one job after another, and one job's task file and
+    arrays must neither stay in memory nor answer for the next job's. Returns how many."""
+    count = len(_loaded)
+    for cache in (_loaded, _received, _here, _batch_cache, _held_back):
+        cache.clear()
+    return count
+
+
 def task_file_here(task_path: str, task_source: str | None = None) -> str:
     """The task file on this node: the same path when it holds the same code (one machine, or
     a shared file system), else a copy of the driver's file in a per-content cache folder.
