@@ -43,16 +43,28 @@ def test_local_pool_of_two_workers_runs_a_study(tmp_path):
     assert trials[0] in remeasured and all(t["verdict"] == "stable" for t in remeasured)
 
 
-def _actor_pids(method):
+def _actor_pids(method, marker):
+    """This test's actors running ``method``: Ray's workers inherit the environment of the
+    driver that started the local Ray, so its ``marker`` tells them from other tests' actors
+    (the suite runs its modules side by side)."""
     found = subprocess.run(["pgrep", "-f", f"ray::TrialActor.{method}"], capture_output=True,
                            text=True)
-    return [int(pid) for pid in found.stdout.split()]
+    mine = []
+    for pid in found.stdout.split():
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                mine.append(int(pid))
+        except OSError:
+            continue
+    return mine
 
 
 def test_worker_killed_mid_trial_fails_only_that_trial(tmp_path):
+    marker = f"PRECISION_TUNER_TEST_RUN={tmp_path}"
     process = tune(str(TASKS / "slow_steps.py"), "--trials", "5", "--steps", "15",
                    "--finalists", "1", "--workers", "2", "--run-dir", str(tmp_path / "run"),
-                   "--out", str(tmp_path / "best.json"))
+                   "--out", str(tmp_path / "best.json"),
+                   env={"PRECISION_TUNER_TEST_RUN": str(tmp_path)})
     lines = []
     killed = None
     deadline = time.monotonic() + 300
@@ -60,7 +72,7 @@ def test_worker_killed_mid_trial_fails_only_that_trial(tmp_path):
         lines.append(line)
         if line.strip().startswith("#0"):
             while killed is None and time.monotonic() < deadline:
-                pids = _actor_pids("run")
+                pids = _actor_pids("run", marker)
                 if pids:
                     killed = pids[0]
                     os.kill(killed, signal.SIGKILL)

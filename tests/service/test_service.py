@@ -261,9 +261,6 @@ def test_jobs_borrow_the_warm_workers_and_give_them_all_back(service, side_by_si
     for job in [*jobs, crashing]:
         assert "this job borrows them, TensorFlow already imported" in \
             service.client().get_job_logs(job)
-    for job in jobs:
-        timing = json.loads((service.run_dir(job) / "timing.json").read_text())
-        assert timing["phases"]["start-up"] < 5.0, timing["phases"]
     shown = _pool(service, _all_back)
     assert _all_back(shown), shown
     assert re.search(r"node \w{8}: 2 slots: 0 busy, 0 lent between trials, 2 idle; timing: -",

@@ -11,6 +11,7 @@ lists come from one scan of the same data and share its caches.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,10 @@ def task_file_here(task_path: str, task_source: str | None = None) -> str:
     folder = Path(tempfile.gettempdir()) / "precision-tuner-tasks" / digest
     folder.mkdir(parents=True, exist_ok=True)
     copy = folder / path.name
-    if not copy.exists():
-        copy.write_text(task_source)
+    if not copy.exists():  # whole or not at all: another worker may be importing it already
+        partial = folder / f".{path.name}.{os.getpid()}"
+        partial.write_text(task_source)
+        os.replace(partial, copy)
     return str(copy)
 
 
