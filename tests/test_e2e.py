@@ -179,7 +179,8 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
     run_dir = tmp_path / "run"
     completed = subprocess.run(
         [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/tasks/tiny_mlp.py"), "--space",
-         str(space), "--exhaustive", "--executor", "local", "--run-dir", str(run_dir), "--out",
+         str(space), "--exhaustive", "--executor", "local", "--finalists", "1",
+         "--run-dir", str(run_dir), "--out",
          str(tmp_path / "best.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())

@@ -92,7 +92,7 @@ def test_a_fault_inside_a_trial_fails_that_trial_only(tmp_path, fault, fault_nam
 
 
 def test_nan_in_the_data_is_refused_before_anything_is_written(tmp_path, fault):
-    completed = run(command(tmp_path / "run"), "nan_data")
+    completed = run(command(tmp_path / "run", "--executor", "local"), "nan_data")
     assert_accounted(fault, tmp_path / "run", finished=0)
     assert completed.returncode == 2
     assert "1 NaN/inf value(s) in x of batch 0" in completed.stderr

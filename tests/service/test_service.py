@@ -24,11 +24,12 @@ from tests.conftest import ROOT, TASKS
 
 pytestmark = pytest.mark.slow
 
-# A job to stop mid-run: six trials of the slow-step task after its baseline (each lasts seconds),
-# so the stop lands in the search however fast the rest of the job has become. With the default
-# space this task has two configs, and the job could end between a trial and the stop.
+# A job to stop mid-run: five trials of the slow-step task after its baseline (20 steps of 80 ms
+# each: over 8 s in all), so the stop lands in the search however fast the rest of the job has
+# become. With the default space this task has two configs, and the job could end between a
+# trial and the stop.
 STOPPABLE = ("--space", str(ROOT / "tests" / "spaces" / "six_alike.yaml"), "--trials", "6",
-             "--steps", "30", "--finalists", "1")
+             "--steps", "20", "--finalists", "1")
 
 
 def _free_port() -> int:
@@ -46,8 +47,9 @@ def cli(*args, env=None, timeout=300):
 
 
 class Service:
-    def __init__(self, folder: Path, auth: bool = False) -> None:
+    def __init__(self, folder: Path, auth: bool = False, warm: bool = True) -> None:
         self.dir = folder
+        self.warm = warm
         self.ports = {"--ray-port": _free_port(), "--dashboard-port": _free_port(),
                       "--mlflow-port": _free_port()}
         self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
@@ -59,7 +61,8 @@ class Service:
         args = ["service", "start", "--dir", str(self.dir), "--num-cpus", "2"]
         for flag, port in self.ports.items():
             args += [flag, str(port)]
-        return cli(*args, *(["--auth"] if self.auth else []), timeout=180)
+        return cli(*args, *(["--auth"] if self.auth else []),
+                   *([] if self.warm else ["--warm-workers", "0"]), timeout=180)
 
     def stop(self):
         return cli("service", "stop", "--dir", str(self.dir), timeout=120)
@@ -344,8 +347,9 @@ def test_bad_input_is_refused_at_submit_time_like_tune(service, side_by_side, tm
 def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
     """Also, with authentication on: a job logs to the authenticated MLflow, `service stop`
     stops it first, and after a restart (Ray forgot the job) it resumes and is fetched from
-    MLflow."""
-    service = Service(tmp_path / "svc", auth=True)
+    MLflow. This service keeps no warm workers: each job starts its own, and re-measures in a
+    placement group that reserves the node (the other services here lend warm workers)."""
+    service = Service(tmp_path / "svc", auth=True, warm=False)
     started = service.start()
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -388,6 +392,9 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
         command = service.client(token=True).get_job_info(resumed).entrypoint
         assert "--finalists 1" in command and "--trials 6" in command, command
         assert f"/jobs/{job}/task/six_alike.yaml" in command, command
+        logs = service.client(token=True).get_job_logs(resumed)   # its own workers, cold
+        assert "borrows them" not in logs and "re-measuring the finalists on node" in logs
+        assert "(warm timing worker)" not in logs
         numbers = [json.loads(line)["number"] for line in trials_log.read_text().splitlines()]
         assert len(numbers) >= kept and len(numbers) == len(set(numbers))
         out = tmp_path / "best.json"

@@ -92,9 +92,10 @@ class PoolKeeper:
             return
         node, kind = worker.node, worker.kind
         self._forget(name)
-        threads = 1 if kind == SLOT else int(next(
-            (n["Resources"].get("CPU", 1) for n in ray.nodes() if n["NodeID"] == node), 1))
-        self._start(node, kind, 1 if kind == SLOT else 0, threads)
+        alive = [n for n in ray.nodes() if n["NodeID"] == node and n["Alive"]]
+        if alive:                 # a worker of a node that is gone is not replaced there
+            threads = 1 if kind == SLOT else int(alive[0]["Resources"].get("CPU", 1))
+            self._start(node, kind, 1 if kind == SLOT else 0, threads)
 
     # -- lending ------------------------------------------------------------------
     def _reap(self) -> None:
@@ -117,7 +118,10 @@ class PoolKeeper:
         return [(n, self._handles[n], self._book.workers[n].node) for n in names]
 
     def borrow(self, holder: str, count: int) -> list[tuple]:
+        """Once per job: the pool first follows the cluster (workers for nodes that joined,
+        none left on nodes that are gone), so no worker of a dead node is lent."""
         self._reap()
+        self.fill()
         return self._lent(self._book.borrow(holder, count))
 
     def give_back(self, holder: str, names: list[str]) -> None:

@@ -519,10 +519,13 @@ class RayExecutor:
         import ray
 
         if self._lender is not None:
-            lent = [s.name for s in self._slots if s.name is not None and not s.timing]
-            self._slots = [s for s in self._slots if s.name is None]
-            if lent:
-                self._lender.give_back(lent)
+            # Idle workers go back; one still running a trial (the job was interrupted) is
+            # replaced, as a job's own would be killed: no trial may outlive its job.
+            idle = [s for s in self._slots if s.name is not None and s.running is None
+                    and not s.timing]
+            self._slots = [s for s in self._slots if s not in idle]
+            if idle:
+                self._lender.give_back([s.name for s in idle])
             self._lender.unlock()
         for slot in list(self._slots):
             self._replace(slot)
