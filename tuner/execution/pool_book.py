@@ -16,7 +16,7 @@ The rules:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 SLOT, TIMING = "slot", "timing"
@@ -162,6 +162,3 @@ class PoolBook:
                          "timing": self.locks.get(node) or "-",
                          "holders": sorted({w.holder for w in slots if w.holder})})
         return rows
-
-    def as_dict(self) -> dict:
-        return asdict(self)
