@@ -1,5 +1,6 @@
 """The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
-latency, each job's own start-up phase, and the wall time of two jobs submitted together
+latency (and the part of it that is Ray's job server's own: a bare entrypoint's start), each
+job's own start-up phase, and the wall time of two jobs submitted together
 against the same two one after the other; cold (``service start --warm-workers 0``: each job
 starts its own TensorFlow workers) and warm (the service's pool lends them). Starts a loopback
 service on free ports in a temporary directory for each, and stops it.
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,10 +58,25 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _timing(service_dir: Path, job: str) -> dict:
+    """The job's own clock (its timing.json), which starts when its `tune` process does."""
+    return json.loads((service_dir / "jobs" / job / "run" / "timing.json").read_text())
+
+
 def _start_up_phase(service_dir: Path, job: str) -> float:
-    """The job's own start-up phase (its timing.json): the command, Ray, the worker."""
-    timing = json.loads((service_dir / "jobs" / job / "run" / "timing.json").read_text())
-    return timing["phases"]["start-up"]
+    """The job's own start-up phase: the command, Ray, the worker."""
+    return _timing(service_dir, job)["phases"]["start-up"]
+
+
+def ray_floor(jobs, folder: Path, wait) -> float:
+    """Seconds from submitting a Ray job whose entrypoint only writes the time to that
+    entrypoint's start: the latency of Ray's job server itself (its job supervisor actor and
+    the entrypoint's shell), which every submitted job pays before precision-tuner runs."""
+    stamp = folder / "entrypoint_started"
+    stamp.unlink(missing_ok=True)
+    began = time.time()
+    wait(jobs.submit_job(entrypoint=f"date +%s.%N > {stamp}"))
+    return float(stamp.read_text()) - began
 
 
 def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
@@ -88,6 +105,7 @@ def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
         def submit() -> tuple[str, float]:
             submitted = time.perf_counter()
             out = cli("submit", task, "--trials", trials, "--steps", steps, env=env)
+            figures.setdefault("the submit command itself", time.perf_counter() - submitted)
             return out.strip().splitlines()[-1], submitted
 
         def first_trial(job: str) -> float:
@@ -107,9 +125,13 @@ def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
             assert jobs.get_job_status(job).value == "SUCCEEDED", jobs.get_job_logs(job)[-2000:]
             return time.perf_counter()
 
+        figures["Ray's floor: submit to a bare entrypoint's start"] = statistics.median(
+            ray_floor(jobs, folder, wait) for _ in range(3))
         one, submitted = submit()
         figures["submit to first trial opened"] = first_trial(one) - submitted
         figures["one job, submit to done"] = wait(one) - submitted
+        figures["one job: outside its own clock"] = (figures["one job, submit to done"]
+                                                     - _timing(service_dir, one)["wall_s"])
         figures["first job's start-up phase"] = _start_up_phase(service_dir, one)
         began = time.perf_counter()
         for _ in range(2):
