@@ -133,7 +133,7 @@ def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
     shown_float32 = False
     for item in summary.confirmations:
         steps = [point.step for point in item.checkpoints]
-        if not steps:
+        if not steps or not item.quality:   # a speed check alone validates nothing
             continue
         if not shown_float32:
             axes.plot(steps, [point.float32.get("loss", math.nan) for point in item.checkpoints],

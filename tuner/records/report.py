@@ -60,13 +60,15 @@ def validation_line(summary: "TuneSummary") -> str | None:
 
 
 def confirmation_lines(summary: "TuneSummary") -> list[str]:
-    if summary.confirm_skipped:
-        return ["confirmation: skipped (--no-confirm): the pick was not trained longer than a "
-                "trial before export"]
     lines = []
+    if summary.confirm_skipped:
+        lines.append("confirmation: skipped (--no-confirm): the pick was not trained longer "
+                     "than a trial before export")
     for confirmation in summary.confirmations:
-        lines.append(f"confirmation: {confirmation.line()}")
-        lines += confirmation.table()
+        lines.append(f"{'confirmation' if confirmation.quality else 'speed check'}: "
+                     f"{confirmation.line()}")
+        if confirmation.quality:
+            lines += confirmation.table()
     return lines
 
 

@@ -37,6 +37,11 @@ class TrialRow:
         medians = [median(steps) for steps in self.remeasured_rounds if steps]
         return median(medians) if medians else None
 
+    @property
+    def round_medians_ms(self) -> list[float | None]:
+        """Each re-measurement round's median step time, in order (None: that run failed)."""
+        return [round(median(steps), 4) if steps else None for steps in self.remeasured_rounds]
+
 
 @dataclass
 class TuneSummary:
@@ -93,6 +98,7 @@ def row_record(row: TrialRow) -> dict[str, Any]:
             "loss_decrease_ratio": row.judgement.loss_decrease_ratio,
             "median_step_ms": row.judgement.median_step_ms,
             "remeasured_ms": row.remeasured_ms,
+            "round_medians_ms": row.round_medians_ms,
             "speedup_interval": row.estimate.to_dict() if row.estimate else None,
             "run_id": row.run_id, "optuna_number": row.optuna_number, "repair": row.repair,
             "float32_layers": row.placed,

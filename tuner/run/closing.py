@@ -48,7 +48,8 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "speedup_vs_float32": round(estimate.ratio, 4),
         "speedup_interval": [round(estimate.low, 4), round(estimate.high, 4)],
         "confidence": estimate.confidence,
-        "remeasure_rounds": estimate.rounds,
+        "remeasure_rounds": (best.estimate or estimate).rounds,
+        "speedup_from": speedup_source(best, outcome),
         "tie_within_noise": outcome.decision.tie,
         "decision": outcome.decision.explanation,
         "min_gain": plan.min_gain,
@@ -62,10 +63,22 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
     }
 
 
+def speedup_source(best: TrialRow, outcome: Remeasured) -> str:
+    """Which timings the exported speedup comes from: fresh ones (tuner.run.confirm) when the
+    pick's confirmation or speed check timed it, else the rounds it was chosen on."""
+    checked = [c for c in outcome.confirmations if c.trial == best.number and c.passed]
+    if checked and checked[-1].speed is not None:
+        return (f"{checked[-1].speed.rounds} fresh stretches timed back to back after the pick "
+                "was chosen")
+    return "float32 itself" if best.number == 0 else "the re-measurement's rounds"
+
+
 def _confirmation_record(best: TrialRow, outcome: Remeasured) -> dict[str, Any] | None:
     """What the exported config's provenance says of its confirmation run."""
     if outcome.confirm_skipped:
-        return {"verdict": "skipped", "reason": "--no-confirm: not trained longer before export"}
+        checked = [c.to_dict() for c in outcome.confirmations]
+        return {"verdict": "skipped", "reason": "--no-confirm: not trained longer before export",
+                **({"speed_checks": checked} if checked else {})}
     confirmed = [c.to_dict() for c in outcome.confirmations if c.trial == best.number]
     rejected = [c.to_dict() for c in outcome.confirmations if c.trial != best.number]
     if confirmed:

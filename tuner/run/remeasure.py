@@ -1,18 +1,15 @@
 """Re-timing the finalists against float32: the measurements the winner is decided on.
 
 Search-phase medians only screen (one run each, possibly beside another trial). Here:
-
 - The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
   to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
   the leader's (by more than a run's drift) is dropped first, with a line saying so.
-- Each config's model is built and traced once, on its first run, and kept alive in the
-  worker: every later run trains it on (``tuner.worker.live``). The float32 baseline trial
-  leaves its model there, so float32 is not rebuilt where the session runs in its worker.
-- A warm-up run of float32 comes first and is discarded: the first run on a fresh worker pays
-  for thread pools, the allocator and cold caches, and a config that always ran first was
-  measured up to 46% slow because of it.
-- Rounds: each runs float32 and every finalist once. The order rotates and reverses from round
-  to round, so no config always runs first or right after the same neighbour.
+- Each config's model is built and traced once and kept alive in the worker; every later run
+  trains it on (``tuner.worker.live``), the float32 baseline trial's included.
+- A warm-up run of float32 comes first and is discarded (a fresh worker's first run was up to
+  46% slow: thread pools, the allocator, cold caches).
+- Rounds: each runs float32 and every finalist once, in an order that rotates each round and
+  reverses each cycle (two configs: AB BA BA AB), so no config always runs first.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
   reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
@@ -21,8 +18,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   (``decision.settled``), or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session continues on a fresh worker (which builds its models again).
-
-Then ``tuner.judging.decision.decide`` names the winner, and ``tuner.run.confirm`` confirms it.
+Then ``tuner.judging.decision.decide`` names the winner, and ``tuner.run.confirm`` confirms it:
+its validation over a longer run and, on fresh runs it was not chosen on, its speed.
 """
 
 from __future__ import annotations
@@ -123,11 +120,9 @@ def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
 
 
 def _why_lost(result: TrialResult) -> str:
-    if result.outcome is TrialOutcome.FAILED:
-        return result.failure_message
     if result.outcome is TrialOutcome.DIVERGED:
         return f"loss non-finite at step {result.first_non_finite_step}"
-    return result.stop_reason or "no timed steps"
+    return result.failure_message or result.stop_reason or "no timed steps"
 
 
 class _Rounds:
@@ -144,6 +139,7 @@ class _Rounds:
         self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
         self.candidates: list[Candidate] = []
         self.at_cap: dict[int, SpeedupEstimate | None] = {}
+        self.pooled: PooledNoise | None = None   # the rounds' spread, over every finalist
         for row in [baseline, *finalists]:
             row.remeasured_rounds = []
 
@@ -169,13 +165,16 @@ class _Rounds:
 
     def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
         """The pick, and the next ones if it fails, trained on against float32 before export."""
-        def run(row: TrialRow, train_to: int) -> TrialResult:
+        def run(row: TrialRow, train_to: int, validate: bool) -> TrialResult:
             spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
-                                       validate=True, train_to=train_to)
+                                       validate=validate, train_to=train_to)
             return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
                                           phase="confirmation")
 
-        confirmer = Confirmer(run, self.plan.confirm, self.plan.steps, self.scheduler.progress)
+        by_speed = self.plan.objective == "speed"
+        confirmer = Confirmer(run, self.plan.confirm, self.plan.steps, self.scheduler.progress,
+                              min_gain=self.plan.min_gain if by_speed else None,
+                              noise=self.pooled)
         return confirm_pick(outcome, confirmer, self.baseline, self.candidates,
                             {r.number: r for r in self.scheduler.rows},
                             min_gain=self.plan.min_gain, rounds=rounds)
@@ -201,7 +200,7 @@ class _Rounds:
         order = [self.baseline, *self.active]
         shift = index % len(order)
         order = order[shift:] + order[:shift]
-        if index % 2:
+        if (index // len(order)) % 2:   # reversing on odd rounds kept 2 configs' order fixed
             order.reverse()
         for row in order:
             if row is self.baseline or row in self.active:
@@ -217,7 +216,7 @@ class _Rounds:
         round cap (``projected_speedup``) for ``_settled``."""
         ratios = {row.number: round_log_ratios(self.baseline.remeasured_rounds,
                                                row.remeasured_rounds) for row in self.active}
-        pooled = PooledNoise.of(list(ratios.values()))
+        pooled = self.pooled = PooledNoise.of(list(ratios.values())) or self.pooled
         estimates = {}
         self.at_cap = {}
         for row in self.active:
