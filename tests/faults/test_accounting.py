@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.faults.accounting import Accounting, account
 from tests.faults.conftest import Fault, summary_line
-from tests.faults.test_faults import SPACE, TASK
+from tests.faults.cli_runs import SPACE, TASK
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,8 @@
 
 Each test accounts for the run directories it made (``fault.account``, see ``accounting``):
 every trial handed to a worker must be in trials.jsonl, Optuna and MLflow with one verdict, or
-closed there as killed. The session's last line is computed from those accounts.
+closed there as killed. The session's last line is computed from those accounts. The kills a
+resume must repair are in ``test_kill_resume`` (its own module, so xdist runs it beside this).
 """
 
 import json
@@ -15,55 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.records import read_trials
+from tests.faults.cli_runs import (KILL_RUN, ROOT, SLOW_TASK, _free_port, _run_until,
+                                   assert_accounted, command, fault_env, mlflow_trial_runs, run)
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
-TASK = str(HERE / "faulty_task.py")
-SPACE = str(HERE / "space.yaml")
-
-
-def command(run_dir, *extra, task=TASK, space=SPACE):
-    # float16 too, as on a device with fast float16: the kill tests count trials per config.
-    return [sys.executable, "-m", "tuner", "tune", task, "--space", space,
-            "--run-dir", str(run_dir), "--out", str(run_dir.parent / "best.json"), "--force",
-            "--keep-slow-policies", *extra]
-
-
-def fault_env(fault_name, fault_dir=None):
-    env = {**os.environ, "FAULT": fault_name, "PYTHONUNBUFFERED": "1"}
-    if fault_dir is not None:
-        env["FAULT_DIR"] = str(fault_dir)
-    return env
-
-
-def run(args, fault_name="none", timeout=600, fault_dir=None):
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
-                          env=fault_env(fault_name, fault_dir), timeout=timeout)
-
-
-def assert_accounted(fault, run_dir, finished=None, mlflow_uri=None):
-    """Account for ``run_dir``: nothing lost; ``finished`` trials in every record."""
-    accounting = fault.account(run_dir, mlflow_uri)
-    assert not accounting.lost, accounting.describe()
-    if finished is not None:
-        assert accounting.finished == list(range(finished)), accounting.describe()
-    return accounting
-
-
-def records(run_dir):
-    return read_trials(run_dir, "trials.jsonl")
-
-
-def mlflow_trial_runs(run_dir):
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
-    name = json.loads((run_dir / "run.json").read_text())["experiment"]
-    experiment = client.get_experiment_by_name(name)
-    return [r for r in client.search_runs([experiment.experiment_id])
-            if r.data.tags.get("precision_tuner.kind") == "trial"]
 
 
 @pytest.mark.parametrize("fault_name, executor, failure_class, fragment", [
@@ -98,74 +55,6 @@ def test_nan_in_the_data_is_refused_before_anything_is_written(tmp_path, fault):
     assert "1 NaN/inf value(s) in x of batch 0" in completed.stderr
     assert not (tmp_path / "run").exists()
 
-
-def _sigint_as_in_a_terminal():
-    # A job started with `&` by a non-interactive shell (a CI runner, say) inherits SIGINT as
-    # ignored, and Python then never raises KeyboardInterrupt: give the CLI the terminal's default.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _run_until(args, marker, fault_name="none", env=None):
-    """Start the CLI; return the process once a line starting with `marker` was printed."""
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env or fault_env(fault_name),
-                               start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)
-    for line in process.stdout:
-        if line.strip().startswith(marker):
-            return process
-    raise AssertionError(f"the run ended before {marker!r}: rc={process.wait()}")
-
-
-SLOW_TASK = str(ROOT / "tests" / "tasks" / "slow_steps.py")
-KILL_RUN = ("--executor", "local", "--steps", "12", "--finalists", "1")
-
-
-def _resume_and_check(run_dir, before, fault, asked=4):
-    completed = run(command(run_dir, *KILL_RUN, "--trials", str(asked), task=SLOW_TASK,
-                            space="quick"))
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert "already finished" in completed.stdout
-    after = records(run_dir)
-    kept = [r for r in after if r["number"] in {b["number"] for b in before}]
-    assert_accounted(fault, run_dir, finished=asked)
-    assert kept == before  # finished trials kept exactly, not re-run
-    assert len(after) == asked and sorted(r["number"] for r in after) == list(range(asked))
-    return after
-
-
-def test_sigkill_mid_study_then_resume(tmp_path, fault):
-    run_dir = tmp_path / "run"
-    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
-    process = _run_until(args, "#1")
-    time.sleep(1.0)  # trial #2 is running now
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    before = records(run_dir)
-    assert len(before) == 2
-    _resume_and_check(run_dir, before, fault)
-    import optuna
-
-    storage = f"sqlite:///{run_dir / 'optuna.db'}"
-    study = optuna.load_study(study_name=json.loads((run_dir / "run.json").read_text())
-                              ["study_name"], storage=storage)
-    states = [t.state.name for t in study.trials]
-    assert "RUNNING" not in states and "FAIL" in states  # the killed trial, failed on resume
-    killed = [r for r in mlflow_trial_runs(run_dir) if r.info.status == "KILLED"]
-    assert len(killed) == 1 and killed[0].data.tags["verdict"] == "killed"
-
-
-def test_ctrl_c_ends_cleanly_and_leaves_the_study_resumable(tmp_path, fault):
-    run_dir = tmp_path / "run"
-    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
-    process = _run_until(args, "#1")
-    time.sleep(1.0)
-    os.killpg(process.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
-    output = process.stdout.read()
-    assert process.wait(timeout=120) == 130, output
-    assert "resume with: precision-tuner tune" in output
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
-    before = records(run_dir)
-    _resume_and_check(run_dir, before, fault)
 
 
 def test_a_newer_config_schema_is_refused_by_export(tmp_path, fault):
@@ -227,69 +116,6 @@ def test_a_finalist_lost_in_the_re_measurement_is_named_and_float32_wins(tmp_pat
     assert 1 in accounting.remeasured and accounting.remeasured.count(0) >= 2
 
 
-# -- a kill that cuts the last line of trials.jsonl short -------------------------------------
-
-def test_a_truncated_last_line_of_trials_jsonl_is_repaired_on_resume(tmp_path, fault):
-    run_dir = tmp_path / "run"
-    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
-    process = _run_until(args, "#1")
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    log = run_dir / "trials.jsonl"
-    lines = log.read_text().splitlines(keepends=True)
-    assert len(lines) == 2
-    log.write_text(lines[0] + lines[1][:len(lines[1]) // 2])  # killed in the middle of a write
-    completed = run(command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick"))
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert "1 of 4 trials already finished" in completed.stdout
-    text = log.read_text()
-    assert text.endswith("\n") and all(json.loads(line) for line in text.splitlines())
-    after = records(run_dir)
-    assert sorted(r["number"] for r in after) == [0, 1, 2, 3]
-    assert after[0] == json.loads(lines[0])  # the whole line was kept as it was
-    assert_accounted(fault, run_dir, finished=4)
-
-
-# -- the driver killed while its worker is busy -----------------------------------------------
-
-def _processes_with(marker: str) -> list[str]:
-    """Live processes (not zombies) whose environment carries ``marker``: what the run left."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() not in (entry / "environ").read_bytes():
-                continue
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        if "\nState:\tZ" not in status:
-            found.append(f"{entry.name} {(entry / 'cmdline').read_bytes()[:120]!r}")
-    return found
-
-
-@pytest.mark.parametrize("executor", ["local", "ray"])
-def test_the_driver_killed_while_its_worker_is_busy_leaves_no_process_behind(tmp_path, fault,
-                                                                             executor):
-    run_dir = tmp_path / "run"
-    marker = f"PRECISION_TUNER_FAULT_RUN={tmp_path.name}"
-    env = {**fault_env("none"), "PRECISION_TUNER_FAULT_RUN": tmp_path.name}
-    resume = command(run_dir, "--executor", executor, "--steps", "12", "--finalists", "1",
-                     "--trials", "3", task=SLOW_TASK, space="quick")
-    process = _run_until(resume, "#0", env=env)
-    time.sleep(1.0)  # trial #1 is training now
-    assert len(_processes_with(marker)) >= 2  # the driver and its worker(s)
-    process.kill()  # the driver only: its workers are not told
-    process.wait()
-    deadline = time.monotonic() + 60
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    assert _processes_with(marker) == []  # no orphan: every worker followed its driver
-    completed = run(resume)
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert_accounted(fault, run_dir, finished=3)
-
 
 # -- the kernel's OOM killer -------------------------------------------------------------------
 
@@ -346,13 +172,6 @@ def test_a_worker_killed_by_the_oom_killer_fails_that_trial_only(memory_limited,
 
 
 # -- MLflow going away mid-run -----------------------------------------------------------------
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
