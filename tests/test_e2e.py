@@ -197,11 +197,16 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
     run = json.loads((run_dir / "run.json").read_text())
     # The device's ceiling decides whether float16 can win here (on a CPU without fast float16
     # it runs a training step ~100x slower): then its policy is skipped, with a line saying so.
-    skipped = run["ceiling"]["speed"]["float16"] < 0.5
-    assert run["skipped_policies"] == (["mixed_float16"] if skipped else [])
-    assert ("space: skipping mixed_float16: float16 runs a dense layer's training step at"
-            in completed.stdout) == skipped
-    policies = ["mixed_bfloat16"] + ([] if skipped else ["mixed_float16"])
+    # (On a busy machine the probe once read bfloat16 at 0.497x, and it was skipped too: the
+    # rule is what is checked here, dtype by dtype, not which dtypes this CPU runs fast.)
+    speed = run["ceiling"]["speed"]
+    slow = [f"mixed_{dtype}" for dtype in ("float16", "bfloat16") if speed[dtype] < 0.5]
+    assert sorted(run["skipped_policies"]) == sorted(slow)
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        dtype = policy.removeprefix("mixed_")
+        assert (f"space: skipping {policy}: {dtype} runs a dense layer's training step at"
+                in completed.stdout) == (policy in slow)
+    policies = [p for p in ("mixed_bfloat16", "mixed_float16") if p not in slow]
     expected = {("float32", ())} | {(p, g) for p in policies for g in ((), ("softmax",))}
     assert f"exhaustive: {len(expected)} distinct configs" in completed.stdout
     trials = read_trials(run_dir)

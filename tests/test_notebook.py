@@ -54,7 +54,8 @@ def _execute(manager, client, code, timeout=600, interrupt_when=None):
         if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
             break
     reply = client.get_shell_msg(timeout=60)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    while reply["parent_header"].get("msg_id") != msg_id:   # an earlier request's reply
+        reply = client.get_shell_msg(timeout=60)
     return reply["content"]["status"], reply["content"].get("ename"), messages, output
 
 
