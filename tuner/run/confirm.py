@@ -42,7 +42,8 @@ from typing import Any, Callable
 
 from tuner.judging.decision import DEFAULT_MIN_GAIN, decide
 from tuner.run.confirmation import Checkpoint, Confirmation
-from tuner.judging.noise import PooledNoise, SpeedupEstimate, paired_speedup
+from tuner.judging.noise import (PooledNoise, SpeedupEstimate, round_log_ratios,
+                                 speedup_from_log_ratios)
 from tuner.trial_types import TrialOutcome, TrialResult
 from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, standard_error,
                                    validation_gap)
@@ -169,11 +170,9 @@ def _problem(result: TrialResult, is_float32: bool) -> str:
 def _paired_speed(points: list[Checkpoint],
                   noise: PooledNoise | None) -> SpeedupEstimate | None:
     """The pick's speedup over the stretches that timed steps on both sides (None: under 2)."""
-    pairs = [(p.float32_steps_ms, p.pick_steps_ms) for p in points
-             if p.float32_steps_ms and p.pick_steps_ms]
-    if len(pairs) < 2:
-        return None
-    return paired_speedup([base for base, _ in pairs], [mine for _, mine in pairs], noise)
+    ratios = round_log_ratios([p.float32_steps_ms for p in points],
+                              [p.pick_steps_ms for p in points])
+    return speedup_from_log_ratios(ratios, noise) if len(ratios) >= 2 else None
 
 
 def _speed_gap(speed: SpeedupEstimate | None, chosen_on: SpeedupEstimate | None,
@@ -217,15 +216,12 @@ def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows
         confirmation = confirmer.confirm(baseline, outcome.winner)
         outcome.confirmations.append(confirmation)
         if confirmation.passed:
-            if confirmation.speed is not None:   # the fresh figure, not the selection's
-                outcome.decision = dataclasses.replace(
-                    outcome.decision, estimate=confirmation.speed,
-                    explanation=f"{outcome.decision.explanation}; held over fresh runs: "
-                                f"{confirmation.speed_text()}")
-            else:
-                outcome.decision = dataclasses.replace(
-                    outcome.decision, explanation=f"{outcome.decision.explanation}; "
-                                                  f"{confirmation.speed_text()}")
+            speed = confirmation.speed     # the fresh figure, not the selection's, when timed
+            held = "held over fresh runs: " if speed else ""
+            outcome.decision = dataclasses.replace(
+                outcome.decision, estimate=speed or outcome.decision.estimate,
+                explanation=f"{outcome.decision.explanation}; {held}"
+                            f"{confirmation.speed_text()}")
             return outcome
         what = "confirmation" if confirmation.quality else "speed check"
         rejected.append(f"#{confirmation.trial} failed its {what} ({confirmation.reason})")
