@@ -100,10 +100,14 @@ def test_the_notebook_tunes_with_live_progress_stops_on_interrupt_and_resumes(tm
         assert status == "ok", output[-3000:]
         assert f"resuming {run_dir}: {len(finished)} of 5 trials already finished" in output
         assert "best config written to" in output
+        resumed = output
         status, _, _, output = _execute(manager, client, trials_cell)
         assert status == "ok", output
         rows = (run_dir / "trials.jsonl").read_text().splitlines()
-        assert len(rows) >= 5
+        # All 5 trials, or every config the space holds here: where float16 is emulated (as
+        # on CPUs with AMX), the skip rule leaves the quick space three.
+        assert len(rows) == 5 or (len(rows) >= len(finished)
+                                  and "the search space was exhausted" in resumed), resumed
         status, _, _, output = _execute(manager, client,
                                         "print(len(result.trials), result.best.describe())")
         assert status == "ok" and output.split()[0] == str(len(rows)), output
