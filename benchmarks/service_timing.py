@@ -47,7 +47,8 @@ def table(results: dict) -> str:
     """The README's table of ``results`` (markdown): cold (``--warm-workers 0``: every job
     starts its own TensorFlow workers) and warm (the service's pool lends them)."""
     cold, warm = results["cold"], results["warm"]
-    lines = [f"| {results['task']} (`{results['flags']}`), {results['cpus']} CPUs | cold (s) "
+    machine = f"{results['cpus']} CPUs" + (f" ({results['cpu']})" if results.get("cpu") else "")
+    lines = [f"| {results['task']} (`{results['flags']}`), {machine} | cold (s) "
              "| warm (s) | warm / cold |", "|---|---|---|---|"]
     for name, seconds in cold["figures"].items():
         lines.append(f"| {name} | {seconds:.1f} | {warm['figures'][name]:.1f} | "
@@ -56,6 +57,17 @@ def table(results: dict) -> str:
                  f"{cold['together_over_sequential']:.2f} | "
                  f"{warm['together_over_sequential']:.2f} | (ratios) |")
     return "\n".join(lines)
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux), so that figures from different machines are told apart."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _timing(service_dir: Path, job: str) -> dict:
@@ -164,7 +176,7 @@ def main() -> None:
         return
     results = {"task": Path(options.task).name,
                "flags": f"--trials {options.trials} --steps {options.steps}",
-               "cpus": os.cpu_count(), "measured": time.strftime("%Y-%m-%d")}
+               "cpus": os.cpu_count(), "cpu": _cpu_model(), "measured": time.strftime("%Y-%m-%d")}
     for kind in ("cold", "warm"):
         results[kind] = scenario(options.task, options.trials, options.steps, kind == "warm")
         print(f"{kind}: {results[kind]}", file=sys.stderr)

@@ -111,3 +111,18 @@ def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(t
     kept, notes = resolve(Flags(**{**flags.__dict__, "keep_slow_policies": True}),
                           None).within_ceiling(ceiling)
     assert "mixed_float16" in kept.space.policies and notes == []
+
+
+def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(monkeypatch):
+    from tuner.worker import ceiling
+
+    monkeypatch.setattr(ceiling, "_measured", {})
+    assert ceiling.prime() > 0.0                   # as a warm worker does at service start
+    figures = ceiling.measure_ceiling()
+    assert figures["reused"] is True and figures["speed"]["float32"] == 1.0
+    taken = figures["measured_at"]
+    assert describe_ceiling(figures).endswith(
+        f" (the device's figures as this warm worker measured them before this job, "
+        f"at {taken})")
+    monkeypatch.setattr(ceiling, "_measured", {})
+    assert "reused" not in ceiling.measure_ceiling()   # a worker's first probe times them

@@ -119,6 +119,7 @@ def service(tmp_path_factory):
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         service.start_s = time.monotonic() - began
+        service.start_output = started.stdout
         assert service.address in started.stdout and service.tracking_uri in started.stdout
         yield service
     finally:
@@ -268,6 +269,18 @@ def test_jobs_borrow_the_warm_workers_and_give_them_all_back(service, side_by_si
     assert _all_back(shown), shown
     assert re.search(r"node \w{8}: 2 slots: 0 busy, 0 lent between trials, 2 idle; timing: -",
                      shown), shown
+
+
+def test_the_pool_times_the_ceiling_at_start_so_a_first_job_does_not_wait_on_it(
+        service, side_by_side):
+    assert re.search(r"the device's ceiling timed in 2 of them \([\d.]+ s\), so no job "
+                     "waits on it", service.start_output), service.start_output
+    jobs, _, _ = side_by_side              # the service's first jobs: each borrowed a worker
+    for job in jobs:                       # that had not run a job before
+        ceiling = json.loads((service.run_dir(job) / "run.json").read_text())["ceiling"]
+        assert ceiling["reused"] is True and ceiling["peak"]["speed"]["float32"] == 1.0
+        assert (f"measured them before this job, at {ceiling['measured_at']})"
+                in service.client().get_job_logs(job))
 
 
 CRASH_UNDER_BF16 = """

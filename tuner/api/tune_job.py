@@ -126,12 +126,19 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     """Check the task in the worker, fit the space to the model's layers, run diagnostics.
     Times the start-up (until the worker began the check), the check and the diagnostics."""
     console.print("starting the TensorFlow worker and checking the task...")
-    # MLflow takes seconds to import; the driver only waits on the worker meanwhile.
-    threading.Thread(target=_import_quietly, args=("mlflow",), daemon=True).start()
-    # One call: the task is loaded and the model built once for the check and the diagnostics.
-    task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
-                               plan.space.float32_layers,
-                               ceiling=True, diagnose_steps=3)
+    # The records' libraries take a second or more to import (MLflow, then Optuna's SQLite
+    # storage); meanwhile the driver only waits on the worker. Joined before anything else
+    # runs here: two threads importing one package can see it half initialised.
+    importing = threading.Thread(target=_import_quietly, args=_RECORD_MODULES, daemon=True)
+    importing.start()
+    try:
+        # One call: the task is loaded and the model built once for the check and the
+        # diagnostics.
+        task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
+                                   plan.space.float32_layers,
+                                   ceiling=True, diagnose_steps=3)
+    finally:
+        importing.join()
     diagnostics = task_info.pop("diagnostics")
     parts = {"task check": task_info.get("probe_s", 0.0),
              "ceiling probe": task_info.get("ceiling_s", 0.0),
@@ -154,11 +161,16 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     return plan.with_diagnostics(diagnostics), task_info, diagnostics
 
 
-def _import_quietly(module: str) -> None:
-    try:
-        importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
-        pass
+_RECORD_MODULES = ("mlflow", "optuna.storages._rdb.storage", "alembic.migration",
+                   "sqlalchemy.dialects.sqlite")
+
+
+def _import_quietly(*modules: str) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
+            pass
 
 
 def flags_from(args, task_path: Path):

@@ -97,6 +97,24 @@ class PoolKeeper:
             threads = 1 if kind == SLOT else int(alive[0]["Resources"].get("CPU", 1))
             self._start(node, kind, 1 if kind == SLOT else 0, threads)
 
+    def prime(self, timeout_s: float = 60.0) -> dict[str, float]:
+        """Have each warm, idle slot worker time the device's ceiling figures
+        (tuner.worker.ceiling.prime), one worker at a time so that no probe runs beside
+        another: a job's first probe then reuses them instead of timing them before its first
+        trial. Seconds per worker; a worker that fails here is left to fail at its job."""
+        import ray
+
+        spent = {}
+        for name, worker in sorted(self._book.workers.items()):
+            if worker.kind != SLOT or worker.holder is not None or name not in self._handles:
+                continue
+            try:
+                spent[name] = ray.get(self._handles[name].prime_ceiling.remote(),
+                                      timeout=timeout_s)
+            except Exception:  # noqa: BLE001 - its job's own call reports a broken worker
+                continue
+        return spent
+
     # -- lending ------------------------------------------------------------------
     def _reap(self) -> None:
         for name in self._book.reap(self._holder_alive):

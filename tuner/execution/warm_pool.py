@@ -157,8 +157,11 @@ def start(address: str, slots_per_node: int | None, wait_s: float) -> dict:
     while True:
         state = ray.get(keeper.status.remote(), timeout=60)
         if not state["starting"] or time.monotonic() > deadline:
-            return state
+            break
         time.sleep(_POLL_S)
+    if not state["starting"]:     # nothing else runs yet: the probes are timed on a quiet node
+        state["primed"] = ray.get(keeper.prime.remote(), timeout=max(60.0, wait_s))
+    return state
 
 
 def status(address: str) -> dict | None:

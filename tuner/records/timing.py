@@ -57,7 +57,8 @@ def describe_ceiling(ceiling: dict[str, Any]) -> str:
     if slow:
         text += f"; {' and '.join(slow)} cannot beat float32 on this device"
     if ceiling.get("reused"):
-        text += " (the device's figures as this warm worker measured them for an earlier job)"
+        text += (" (the device's figures as this warm worker measured them before this job"
+                 + (f", at {ceiling['measured_at']})" if ceiling.get("measured_at") else ")"))
     return text
 
 

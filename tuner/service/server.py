@@ -387,9 +387,12 @@ def _start_pool(info: ServiceInfo, env: dict[str, str]) -> dict | None:
 def pool_line(state: dict) -> str:
     rows = state.get("rows", [])
     slots = sum(row["slots"] for row in rows)
+    primed = state.get("primed") or {}
     return (f"  warm workers: {slots} slot worker(s) and {len(rows)} timing worker(s) on "
             f"{len(rows)} node(s)" + (f", {len(state['starting'])} still starting"
-                                      if state.get("starting") else ", TensorFlow imported"))
+                                      if state.get("starting") else ", TensorFlow imported")
+            + (f"; the device's ceiling timed in {len(primed)} of them "
+               f"({sum(primed.values()):.1f} s), so no job waits on it" if primed else ""))
 
 
 def pool_status(info: ServiceInfo) -> list[str]:

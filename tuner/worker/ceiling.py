@@ -104,16 +104,27 @@ def measure_ceiling(model_layer: dict | None = None) -> dict:
 _measured: dict[str, dict] = {}    # device -> its figures, measured once per worker process
 
 
+def prime() -> float:
+    """Time the device's figures now, before any job asks: the service's warm pool has each
+    worker do this once at start, one worker at a time, so that no job's first trial waits on
+    the probe. Seconds spent."""
+    started = time.perf_counter()
+    _device_figures(_device())
+    return time.perf_counter() - started
+
+
 def _device_figures(device: str) -> dict:
     """The device's own figures (the 256-wide step and the peak), timed once per worker
     process: a warm worker of the service (tuner.execution.warm_pool) serves job after job on
-    the same device, and a later job reads them as ``"reused": True``."""
+    the same device, and a later job reads them as ``"reused": True`` (with ``measured_at``,
+    the time they were taken)."""
     if device in _measured:
         return {**_measured[device], "reused": True}
     ms = {dtype: _time_step(dtype, device) for dtype in DTYPES}
     speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
     native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
     _measured[device] = {"device": device, "size": SIZE, "ms": ms, "speed": speed,
+                         "measured_at": time.strftime("%H:%M:%S"),
                          "peak": {"size": PEAK_SIZE, "speed": _speeds(device, native, PEAK_SIZE,
                                                                       PEAK_SIZE, PEAK_SIZE)}}
     return _measured[device]
