@@ -126,3 +126,30 @@ def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(mon
         f"at {taken})")
     monkeypatch.setattr(ceiling, "_measured", {})
     assert "reused" not in ceiling.measure_ceiling()   # a worker's first probe times them
+
+
+def test_the_probe_times_its_dtypes_in_turns_and_an_emulated_one_leaves_early(monkeypatch):
+    """The machine's drift must fall on every dtype alike: the steps run float32, bfloat16,
+    float16, float32, ... and a dtype whose steps took the time cap leaves the turns."""
+    from tuner.worker import ceiling
+
+    clock, order = [0.0], []
+    cost_s = {"float32": 2.0 ** -9, "bfloat16": 2.0 ** -10, "float16": 0.5}  # float16 emulated
+
+    def fake_step(dtype, *shape):
+        def run():
+            order.append(dtype)
+            clock[0] += cost_s[dtype]
+        return run
+
+    monkeypatch.setattr(ceiling, "_step", fake_step)
+    monkeypatch.setattr(ceiling.time, "perf_counter", lambda: clock[0])
+    ms = ceiling._time_steps("CPU", ceiling.DTYPES)
+    assert order[:6] == ["float32", "bfloat16", "float16"] * 2
+    capped = int(ceiling._MAX_TIMED_S / 0.5)
+    assert order.count("float16") == capped                    # then it left the turns
+    after = order[3 * capped:]
+    assert after and "float16" not in after
+    assert after[::2] == ["float32"] * len(after[::2])         # the others kept alternating
+    assert after[1::2] == ["bfloat16"] * len(after[1::2])
+    assert ms == {"float32": 1000 * 2.0 ** -9, "bfloat16": 1000 * 2.0 ** -10, "float16": 500.0}

@@ -20,6 +20,11 @@ Three figures per dtype, each float32's step time over the dtype's:
 - ``model``: the model's own largest dense-like kernel (its input and output widths) at the
   task's batch size: what the model's biggest products can gain.
 
+Each figure times its dtypes in turns (``_time_steps``), so that the machine's drift falls on
+all of them alike: timed one after the other, the first 1024-wide float32 block of a fresh
+process read 19-22 ms against 15-16 ms later, and the peak read bfloat16 2.9x to 6.5x from run
+to run on one machine (2.4-2.7x in turns).
+
 Plain data out.
 """
 
@@ -46,10 +51,9 @@ def _device() -> str:
     return gpus[0].name if gpus else "CPU"
 
 
-def _time_step(dtype: str, device: str, batch: int = _BATCH, width_in: int = SIZE,
-               width_out: int = SIZE) -> float:
-    """Median milliseconds of one training step of a ``width_in`` x ``width_out`` dense layer
-    on ``batch`` rows, in ``dtype``."""
+def _step(dtype: str, device: str, batch: int, width_in: int, width_out: int):
+    """One training step of a ``width_in`` x ``width_out`` dense layer on ``batch`` rows, in
+    ``dtype``, traced and run once: a call runs it again and waits for its gradients."""
     import tensorflow as tf
 
     with tf.device(device):
@@ -64,24 +68,43 @@ def _time_step(dtype: str, device: str, batch: int = _BATCH, width_in: int = SIZ
                 loss = tf.reduce_sum(tf.nn.relu(tf.matmul(inputs, kernel) + bias))
             return tape.gradient(loss, [kernel, bias])
 
-        def run() -> None:
+    def run() -> None:
+        with tf.device(device):
             for gradient in step(x):
                 gradient.numpy()
 
-        run()  # trace and warm up
-        samples: list[float] = []
-        began = time.perf_counter()
-        while True:
+    run()  # trace and warm up
+    return run
+
+
+def _time_steps(device: str, dtypes, batch: int = _BATCH, width_in: int = SIZE,
+                width_out: int = SIZE) -> dict[str, float]:
+    """Median milliseconds per step of each dtype's ``_step``, timed in turns (float32, then
+    each other dtype, then float32 again, ...): a shared machine's speed drifts within a
+    second (a 1024-wide float32 step read 16 to 24 ms in one process), and in turns the drift
+    falls on every dtype alike instead of on whichever was timed in the slow stretch. The
+    turns end once each dtype has ``_MIN_REPEATS`` samples and they took ``_MIN_TIMED_S`` per
+    dtype together; a dtype leaves them after ``_MAX_TIMED_S`` (an emulated one: its few
+    samples suffice)."""
+    runs = {dtype: _step(dtype, device, batch, width_in, width_out) for dtype in dtypes}
+    samples: dict[str, list[float]] = {dtype: [] for dtype in runs}
+    spent = dict.fromkeys(runs, 0.0)
+    turns = list(runs)
+    while turns and not (all(len(samples[d]) >= _MIN_REPEATS for d in turns)
+                         and sum(spent.values()) >= _MIN_TIMED_S * len(runs)):
+        for dtype in list(turns):
             started = time.perf_counter()
-            run()
-            samples.append((time.perf_counter() - started) * 1000.0)
-            spent = time.perf_counter() - began
-            if spent >= _MAX_TIMED_S or (len(samples) >= _MIN_REPEATS and spent >= _MIN_TIMED_S):
-                return statistics.median(samples)
+            runs[dtype]()
+            took = time.perf_counter() - started
+            samples[dtype].append(took * 1000.0)
+            spent[dtype] += took
+            if spent[dtype] >= _MAX_TIMED_S:
+                turns.remove(dtype)
+    return {dtype: statistics.median(values) for dtype, values in samples.items()}
 
 
 def _speeds(device: str, dtypes, batch: int, width_in: int, width_out: int) -> dict:
-    ms = {dtype: _time_step(dtype, device, batch, width_in, width_out) for dtype in dtypes}
+    ms = _time_steps(device, dtypes, batch, width_in, width_out)
     return {dtype: ms["float32"] / value for dtype, value in ms.items()}
 
 
@@ -120,7 +143,7 @@ def _device_figures(device: str) -> dict:
     the time they were taken)."""
     if device in _measured:
         return {**_measured[device], "reused": True}
-    ms = {dtype: _time_step(dtype, device) for dtype in DTYPES}
+    ms = _time_steps(device, DTYPES)
     speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
     native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
     _measured[device] = {"device": device, "size": SIZE, "ms": ms, "speed": speed,
