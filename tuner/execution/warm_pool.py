@@ -13,8 +13,10 @@ Between them the slot workers hold every CPU of the node, so nothing outside the
 scheduled beside a timed phase, and the lock keeps the pool's own trials off it: the same
 promise as the placement group a job without a pool reserves (tuner.execution.ray_pool).
 
-A job's executor (``Lender``) borrows slot workers at its start and gives them back at its
-end; the keeper then has them drop the job's task, batches and live models. A worker that
+At start, once all are warm, each slot worker times the device's ceiling (one at a time, on
+the quiet node), so a job's first probe reuses it; a replacement worker times it at its first
+job instead. A job's executor (``Lender``) borrows slot workers at its start and gives them
+back at its end; the keeper then has them drop the job's task, batches and live models. A worker that
 crashed or timed out is replaced by a fresh one. A job whose driver died (killed, SIGKILL)
 is noticed at the next request: its workers come back, those that were still running its
 trial are replaced, its lock is released. Nodes with GPUs are not pooled: their jobs start
