@@ -260,6 +260,20 @@ def _all_back(text: str) -> bool:
         in text
 
 
+def test_jobs_run_in_the_spare_drivers_and_each_one_taken_is_replaced(service, side_by_side):
+    assert "spare drivers: 2 ready, 0 running a job, 0 starting" in service.start_output
+    jobs, crashing, _ = side_by_side      # three at once: two find a spare, the third may not
+    handed = [job for job in [*jobs, crashing] if "runs in one of the service's spare "
+              "drivers" in service.client().get_job_logs(job)]
+    assert len(handed) >= 2, handed
+    deadline = time.monotonic() + 60
+    while "spare drivers: 2 ready, 0 running a job" not in service.run("service", "status",
+                                                                      "--dir", str(service.dir)
+                                                                      ).stdout:
+        assert time.monotonic() < deadline, "the spares taken were not replaced"
+        time.sleep(1)
+
+
 def test_jobs_borrow_the_warm_workers_and_give_them_all_back(service, side_by_side):
     jobs, crashing, _ = side_by_side
     for job in [*jobs, crashing]:

@@ -129,7 +129,7 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     # The records' libraries take a second or more to import (MLflow, then Optuna's SQLite
     # storage); meanwhile the driver only waits on the worker. Joined before anything else
     # runs here: two threads importing one package can see it half initialised.
-    importing = threading.Thread(target=_import_quietly, args=_RECORD_MODULES, daemon=True)
+    importing = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True)
     importing.start()
     try:
         # One call: the task is loaded and the model built once for the check and the
@@ -161,7 +161,7 @@ def _fit_to_model(executor, plan, console, clock, started: float):
     return plan.with_diagnostics(diagnostics), task_info, diagnostics
 
 
-_RECORD_MODULES = ("mlflow", "optuna.storages._rdb.storage", "alembic.migration",
+RECORD_MODULES = ("mlflow", "optuna.storages._rdb.storage", "alembic.migration",
                    "sqlalchemy.dialects.sqlite")
 
 

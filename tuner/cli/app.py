@@ -123,8 +123,9 @@ def _add_service_parser(commands) -> None:
     start.add_argument("--num-cpus", type=positive_int,
                        help="CPUs the head offers to trials [default: all]")
     start.add_argument("--warm-workers", type=count, default=None, metavar="N",
-                       help="warm TensorFlow workers kept per node for jobs to borrow "
-                            "[default: one per CPU; 0: none, each job starts its own]")
+                       help="warm TensorFlow workers kept per node for jobs to borrow, "
+                            "and two spare drivers for jobs to run in [default: one worker "
+                            "per CPU; 0: neither, each job starts its own]")
     start.add_argument("--auth", action="store_true",
                        help="require the token on loopback too")
     for action in ("stop", "status"):

@@ -32,6 +32,7 @@ def _start(args) -> int:
         print(line)
     if started and info.pool is not None:
         print(pool_line(info.pool))
+        print(service.spares_line(info))
     if started:
         _close_orphans(info, token)
     return 0
@@ -85,4 +86,5 @@ def _status(args) -> int:
         print(f"  jobs: cannot list them ({type(exc).__name__})")
     for line in service.pool_status(info):
         print(line)
+    print(service.spares_line(info))
     return 0

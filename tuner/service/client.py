@@ -232,14 +232,16 @@ def entrypoint(*, task_name: str, space_name: str | None, run_root: str, trackin
                tune_args: list[str], resume: bool) -> str:
     """The shell command the job runs on the cluster: copy the job's files next to its run
     directory (so a resubmission finds them at the same path), then ``precision-tuner tune``
-    (``exec``: Ray's stop signal reaches tune itself)."""
+    through tuner.cli.handoff (``exec``: Ray's stop signal reaches it, and it passes the
+    signal on), which runs it in one of the service's spare drivers where one is ready."""
     quote = shlex.quote
     task_dir = f"{run_root}/task"
     steps = []
     if not resume:
         files = " ".join(quote(name) for name in (task_name, space_name) if name)
         steps.append(f"mkdir -p {quote(task_dir)} && cp {files} {quote(task_dir)}/")
-    words = ["exec", "precision-tuner", "tune", f"{task_dir}/{task_name}", *tune_args,
+    words = ["exec", "python", "-m", "tuner.cli.handoff", "tune", f"{task_dir}/{task_name}",
+             *tune_args,
              "--run-dir", f"{run_root}/run", "--ray-address", "auto",
              "--tracking-uri", tracking_uri, "--out", f"{run_root}/best_precision.json",
              "--force"]

@@ -11,6 +11,11 @@ TOKEN_ENV = "PRECISION_TUNER_TOKEN"
 JOB_KIND = "job"
 MLFLOW_USER = "precision-tuner"
 RECORD_JOB = "precision-tuner-service"   # the Ray job whose metadata describes the service
+# The spare drivers' sockets (tuner.cli.spare), in DIR/drivers/: PID.starting while importing,
+# PID.ready once listening, PID.claimed once a job's entrypoint (tuner.cli.handoff) took it.
+DRIVERS = "drivers"
+SPARES = 2                                # spare drivers kept ready
+READY, CLAIMED, STARTING = ".ready", ".claimed", ".starting"
 
 
 def client_for(address: str, token: str | None):

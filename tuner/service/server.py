@@ -45,7 +45,8 @@ from pathlib import Path
 from tuner.errors import TunerError, UsageError, first_line
 from tuner.execution.warm_pool import describe as describe_pool
 from tuner.records.run_store import write_atomic
-from tuner.service.contract import JOB_KIND, MLFLOW_USER, RECORD_JOB, client_for
+from tuner.service.contract import (CLAIMED, DRIVERS, JOB_KIND, MLFLOW_USER, READY,
+                                    RECORD_JOB, SPARES, STARTING, client_for)
 
 SERVICE_FILE = "service.json"
 TOKEN_FILE = "auth_token"
@@ -69,6 +70,7 @@ class ServiceInfo:
     started_at: str = ""
     warm_workers: int | None = None      # slot workers per node (None: one per CPU; 0: no pool)
     pool: dict | None = None             # the pool as it stood when the service started
+    drivers_pid: int = 0                 # the spare drivers' keeper (tuner.cli.spare)
 
     @property
     def advertised_host(self) -> str:
@@ -265,7 +267,9 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
         _register(info, token)
         if warm_workers != 0:
             info.pool = _start_pool(info, env)
+            info.drivers_pid = _start_spares(service_dir, env)
             _write_info(info)
+            _wait_for_spares(info)
     except BaseException:
         _stop_processes(info)
         raise
@@ -297,6 +301,47 @@ def _start_mlflow(service_dir: Path, info: ServiceInfo, env: dict[str, str],
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     return process.pid
+
+
+def _start_spares(service_dir: Path, env: dict[str, str]) -> int:
+    """The keeper of the spare drivers (tuner.cli.spare): ``tune`` processes with their
+    libraries imported, which the jobs' entrypoints (tuner.cli.handoff) run in."""
+    log = open(service_dir / "logs" / "drivers.log", "ab")
+    process = subprocess.Popen([sys.executable, "-m", "tuner.cli.spare", "keep", "--dir",
+                                str(service_dir / DRIVERS)],
+                               env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    return process.pid
+
+
+def spares(info: ServiceInfo) -> dict[str, int]:
+    """The spare drivers now: ``{"ready": N, "running a job": M, "starting": K}``."""
+    counts = {"ready": 0, "running a job": 0, "starting": 0}
+    folder = Path(info.dir) / DRIVERS
+    for path in folder.glob("*") if folder.is_dir() else []:
+        kind = {READY: "ready", CLAIMED: "running a job", STARTING: "starting"}.get(path.suffix)
+        if kind is not None:
+            counts[kind] += 1
+    return counts
+
+
+def _wait_for_spares(info: ServiceInfo, wait_s: float = 60.0) -> None:
+    """Until every spare driver is ready, so that the first jobs find them (a job that finds
+    none runs as its own process, as without them)."""
+    deadline = time.monotonic() + wait_s
+    while spares(info)["ready"] < SPARES and time.monotonic() < deadline:
+        if not _alive(info.drivers_pid):
+            raise TunerError(f"the spare drivers' keeper exited during start-up; see "
+                             f"{Path(info.dir) / 'logs' / 'drivers.log'}")
+        time.sleep(0.2)
+
+
+def spares_line(info: ServiceInfo) -> str:
+    if not info.drivers_pid:
+        return "  spare drivers: none (started with --warm-workers 0: each job starts its own)"
+    counts = spares(info)
+    return ("  spare drivers: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+            + " (`tune` processes with their libraries imported; a job runs in one)")
 
 
 def _start_ray(service_dir: Path, info: ServiceInfo, env: dict[str, str],
@@ -415,7 +460,7 @@ def stop(service_dir: Path) -> ServiceInfo | None:
     if running(info):
         _stop_jobs(info)
     _stop_processes(info)
-    info.ray_pid = info.mlflow_pid = 0
+    info.ray_pid = info.mlflow_pid = info.drivers_pid = 0
     _write_info(info)
     return info
 
@@ -443,7 +488,7 @@ def _stop_jobs(info: ServiceInfo, wait_s: float = 90.0) -> list[str]:
 
 def _stop_processes(info: ServiceInfo) -> None:
     """End each process group the service started: SIGTERM, then SIGKILL after a grace."""
-    groups = [pid for pid in (info.mlflow_pid, info.ray_pid) if pid > 0]
+    groups = [pid for pid in (info.drivers_pid, info.mlflow_pid, info.ray_pid) if pid > 0]
     for pid in groups:
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5  # Ray's GCS and raylet may ignore SIGTERM

@@ -1,0 +1,88 @@
+"""A service job's entrypoint (tuner.cli.handoff) and the spare drivers it runs in
+(tuner.cli.spare), without a cluster: a job handed to a spare prints, fails and exits exactly
+as `precision-tuner` run on its own would; the keeper replaces the spare it took; with no spare
+ready the entrypoint runs the command itself; a killed entrypoint takes its spare with it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+SPARE_LINE = "this job runs in one of the service's spare drivers"
+
+
+def _wait(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def keeper(tmp_path):
+    drivers = tmp_path / "drivers"
+    process = subprocess.Popen([sys.executable, "-m", "tuner.cli.spare", "keep", "--dir",
+                                str(drivers), "--spares", "1"], cwd=ROOT,
+                               start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: drivers.is_dir() and list(drivers.glob("*.ready")))
+        yield tmp_path
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _handoff(service_dir, *argv, **popen):
+    env = {**os.environ, "PRECISION_TUNER_SERVICE_DIR": str(service_dir)}
+    return subprocess.run([sys.executable, "-m", "tuner.cli.handoff", *argv], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120, **popen)
+
+
+def test_a_job_handed_to_a_spare_answers_as_the_command_itself(keeper, tmp_path):
+    spare = int(next((keeper / "drivers").glob("*.ready")).stem)
+    shown = _handoff(keeper, "--version")
+    assert shown.returncode == 0 and shown.stdout.splitlines() == [
+        f"precision-tuner: {SPARE_LINE} (its libraries already imported)",
+        subprocess.run([sys.executable, "-m", "tuner", "--version"], capture_output=True,
+                       text=True).stdout.strip()]
+    _wait(lambda: not os.path.exists(f"/proc/{spare}"))                 # one job per spare
+    _wait(lambda: list((keeper / "drivers").glob("*.ready")))           # and a new one
+    refused = _handoff(keeper, "tune", str(tmp_path / "missing.py"))
+    alone = subprocess.run([sys.executable, "-m", "tuner", "tune", str(tmp_path / "missing.py")],
+                           capture_output=True, text=True)
+    assert SPARE_LINE in refused.stdout
+    assert (refused.returncode, refused.stderr) == (alone.returncode, alone.stderr) == (
+        2, alone.stderr)
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_with_no_spare_ready_the_entrypoint_runs_the_command_itself(tmp_path):
+    shown = _handoff(tmp_path, "--version")                 # tmp_path/drivers does not exist
+    assert shown.returncode == 0 and SPARE_LINE not in shown.stdout
+    assert shown.stdout.startswith("precision-tuner ")
+
+
+def test_a_killed_entrypoint_takes_its_spare_with_it(keeper):
+    spare = int(next((keeper / "drivers").glob("*.ready")).stem)
+    env = {**os.environ, "PRECISION_TUNER_SERVICE_DIR": str(keeper)}
+    # A tuning job of slow steps: it runs until its entrypoint goes.
+    entry = subprocess.Popen([sys.executable, "-m", "tuner.cli.handoff", "tune",
+                              str(ROOT / "tests" / "tasks" / "slow_steps.py"), "--run-dir",
+                              str(keeper / "run"), "--trials", "3"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: (keeper / "drivers" / f"{spare}.claimed").exists())
+        time.sleep(1.0)
+        assert os.path.exists(f"/proc/{spare}")
+        entry.kill()
+        entry.wait()
+        _wait(lambda: not os.path.exists(f"/proc/{spare}")
+              or open(f"/proc/{spare}/stat").read().split(")")[-1].split()[0] == "Z")
+    finally:
+        entry.kill()

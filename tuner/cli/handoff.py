@@ -1,0 +1,89 @@
+"""A service job's entrypoint: ``python -m tuner.cli.handoff ARGV...`` runs
+``precision-tuner ARGV...`` in one of the service's spare drivers (tuner.cli.spare),
+or, where none is ready, as a process of its own (``exec python -m tuner``), with the same
+result.
+
+It claims a spare by renaming its socket (``PID.ready`` -> ``PID.claimed``: one rename wins),
+hands it the command line, environment, working directory and this process's standard
+streams (so the job's output goes where Ray's job log reads it), passes SIGINT and SIGTERM
+on (Ray's stop), and exits with the spare's status. If this process is killed, the spare
+notices its end and kills itself. Imports nothing heavy: it is on every job's start-up path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from tuner.service.contract import CLAIMED, DRIVERS, READY
+
+
+def _claim(folder: Path) -> socket.socket | None:
+    try:
+        ready = sorted(folder.glob(f"*{READY}"))
+    except OSError:
+        return None
+    for path in ready:
+        claimed = path.with_suffix(CLAIMED)
+        try:
+            os.rename(path, claimed)
+        except OSError:                   # another job took it first
+            continue
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(str(claimed))
+            return connection
+        except OSError:                   # it died meanwhile
+            connection.close()
+            claimed.unlink(missing_ok=True)
+    return None
+
+
+def _lines(connection: socket.socket):
+    buffered = b""
+    while True:
+        chunk = connection.recv(4096)
+        if not chunk:
+            return
+        buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            yield json.loads(line)
+
+
+def main(argv: list[str]) -> int:
+    service_dir = os.environ.get("PRECISION_TUNER_SERVICE_DIR")
+    connection = _claim(Path(service_dir) / DRIVERS) if service_dir else None
+    if connection is None:
+        os.execv(sys.executable, [sys.executable, "-m", "tuner", *argv])
+    job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+    socket.send_fds(connection, [json.dumps(job).encode()], [0, 1, 2])
+    replies = _lines(connection)
+    spare = next(replies, {}).get("pid")
+    if spare is None:
+        print("precision-tuner: failed: the spare driver ended before the job began",
+              file=sys.stderr)
+        return 1
+
+    def pass_on(signum, frame):
+        try:
+            os.kill(spare, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, pass_on)
+    signal.signal(signal.SIGTERM, pass_on)
+    for reply in replies:
+        if "rc" in reply:
+            return int(reply["rc"])
+    print("precision-tuner: failed: the job's driver process ended without a status (killed?)",
+          file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
