@@ -86,7 +86,7 @@ def run_tune(args) -> None:
         with _executor(args, console) as executor:
             clock = TimeBreakdown()
             plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
-                                                         started)
+                                                         started, importing=staged is None)
             if staged is not None:  # the task is checked: the run directory may be written
                 staged.move_into(run_dir)
             summary = _run_job(args, plan, executor, console, store, previous, clock, started,
@@ -122,15 +122,19 @@ def _run_job(args, plan, executor, console, store, previous, clock, started, tas
     return summary
 
 
-def _fit_to_model(executor, plan, console, clock, started: float):
+def _fit_to_model(executor, plan, console, clock, started: float, importing: bool = True):
     """Check the task in the worker, fit the space to the model's layers, run diagnostics.
-    Times the start-up (until the worker began the check), the check and the diagnostics."""
+    Times the start-up (until the worker began the check), the check and the diagnostics.
+    ``importing``: import the records' libraries meanwhile (not where StagedStores' thread
+    already does: two threads importing one package can see it half initialised, as a
+    suite run did: ``module 'optuna.pruners' has no attribute '_filter_study'``)."""
     console.print("starting the TensorFlow worker and checking the task...")
     # The records' libraries take a second or more to import (MLflow, then Optuna's SQLite
     # storage); meanwhile the driver only waits on the worker. Joined before anything else
-    # runs here: two threads importing one package can see it half initialised.
-    importing = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True)
-    importing.start()
+    # runs here, for the same reason.
+    thread = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True)
+    if importing:
+        thread.start()
     try:
         # One call: the task is loaded and the model built once for the check and the
         # diagnostics.
@@ -138,7 +142,8 @@ def _fit_to_model(executor, plan, console, clock, started: float):
                                    plan.space.float32_layers,
                                    ceiling=True, diagnose_steps=3)
     finally:
-        importing.join()
+        if importing:
+            thread.join()
     diagnostics = task_info.pop("diagnostics")
     parts = {"task check": task_info.get("probe_s", 0.0),
              "ceiling probe": task_info.get("ceiling_s", 0.0),

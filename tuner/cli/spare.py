@@ -38,6 +38,7 @@ from tuner.cli.app import main as cli_main
 from tuner.service.contract import CLAIMED, READY, SPARES, STARTING
 
 _POLL_S = 0.2
+_BACKOFF_S = 10.0
 
 
 # -- one spare -----------------------------------------------------------------------------
@@ -112,16 +113,21 @@ def keep(folder: Path, spares: int, log) -> None:
         stale.unlink(missing_ok=True)
     children: dict[int, subprocess.Popen] = {}
     command = [sys.executable, "-m", "tuner.cli.spare", "serve", "--dir", str(folder)]
+    failed_at = -_BACKOFF_S
     while True:
         for pid, child in list(children.items()):
             if child.poll() is not None:
                 del children[pid]
+                if not (folder / f"{pid}{CLAIMED}").exists():   # died before any job
+                    failed_at = time.monotonic()
                 for suffix in (STARTING, READY, CLAIMED):
                     (folder / f"{pid}{suffix}").unlink(missing_ok=True)
         waiting = [pid for pid in children if not (folder / f"{pid}{CLAIMED}").exists()]
-        for _ in range(spares - len(waiting)):
-            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            children[child.pid] = child
+        if time.monotonic() - failed_at >= _BACKOFF_S:     # a spare that cannot start (a
+            for _ in range(spares - len(waiting)):        # broken install) is not retried
+                child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log)      # in a tight loop; its error is in
+                children[child.pid] = child               # the log, and jobs run alone
         time.sleep(_POLL_S)
 
 
