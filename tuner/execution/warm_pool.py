@@ -16,11 +16,11 @@ promise as the placement group a job without a pool reserves (tuner.execution.ra
 At start, once all are warm, each slot worker times the device's ceiling (one at a time, on
 the quiet node), so a job's first probe reuses it; a replacement worker times it at its first
 job instead. A job's executor (``Lender``) borrows slot workers at its start and gives them
-back at its end; the keeper then has them drop the job's task, batches and live models. A worker that
-crashed or timed out is replaced by a fresh one. A job whose driver died (killed, SIGKILL)
-is noticed at the next request: its workers come back, those that were still running its
-trial are replaced, its lock is released. Nodes with GPUs are not pooled: their jobs start
-their own workers, as without a service.
+back at its end; the keeper then has them drop the job's task, batches and live models. A
+worker that crashed or timed out is replaced by a fresh one. A job whose driver died
+(killed, SIGKILL) is noticed at the next request: its workers come back, those that were
+still running its trial are replaced, its lock is released. Nodes with GPUs are not pooled:
+their jobs start their own workers, as without a service.
 """
 
 from __future__ import annotations
