@@ -132,8 +132,9 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
     # The records' libraries take a second or more to import (MLflow, then Optuna's SQLite
     # storage); meanwhile the driver only waits on the worker. Joined before anything else
     # runs here, for the same reason.
-    thread = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True)
-    if importing:
+    thread = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True) \
+        if importing else None
+    if thread is not None:
         thread.start()
     try:
         # One call: the task is loaded and the model built once for the check and the
@@ -142,7 +143,7 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
                                    plan.space.float32_layers,
                                    ceiling=True, diagnose_steps=3)
     finally:
-        if importing:
+        if thread is not None:
             thread.join()
     diagnostics = task_info.pop("diagnostics")
     parts = {"task check": task_info.get("probe_s", 0.0),

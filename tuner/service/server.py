@@ -314,14 +314,16 @@ def _start_spares(service_dir: Path, env: dict[str, str]) -> int:
     return process.pid
 
 
+_SPARE_STATES = {READY: "ready", CLAIMED: "running a job", STARTING: "starting"}
+
+
 def spares(info: ServiceInfo) -> dict[str, int]:
     """The spare drivers now: ``{"ready": N, "running a job": M, "starting": K}``."""
-    counts = {"ready": 0, "running a job": 0, "starting": 0}
+    counts = dict.fromkeys(_SPARE_STATES.values(), 0)
     folder = Path(info.dir) / DRIVERS
     for path in folder.glob("*") if folder.is_dir() else []:
-        kind = {READY: "ready", CLAIMED: "running a job", STARTING: "starting"}.get(path.suffix)
-        if kind is not None:
-            counts[kind] += 1
+        if path.suffix in _SPARE_STATES:
+            counts[_SPARE_STATES[path.suffix]] += 1
     return counts
 
 
