@@ -14,16 +14,25 @@ Public API::
     result = tuner.tune("my_task.py", space="quick")       # or build_model=..., train_data=...
     result.best, result.speedup, result.trials              # a PrecisionConfig, its interval,
                                                             # one DataFrame row per trial
+
+Its names are imported on first use (tuner.lazy_names): ``import tuner`` alone imports
+nothing else.
 """
 
-from tuner.api import Speedup, TuneResult, load_result, tune
-from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
-from tuner.errors import (ConfigError, SearchSpaceError, TaskError, TunerError, UsageError)
-from tuner.search.space import SearchSpace
-from tuner.search.space_files import load_space
+from __future__ import annotations
+
+from tuner.lazy_names import lazy_names
 
 __version__ = "0.1.0"
 
-__all__ = ["PrecisionConfig", "LossScale", "Epsilon", "Float32Placement", "SearchSpace",
-           "load_space", "TunerError", "UsageError", "ConfigError", "SearchSpaceError",
-           "TaskError", "tune", "TuneResult", "Speedup", "load_result", "__version__"]
+_WHERE = {
+    "PrecisionConfig": "tuner.apply.config", "LossScale": "tuner.apply.config",
+    "Epsilon": "tuner.apply.config", "Float32Placement": "tuner.apply.config",
+    "SearchSpace": "tuner.search.space", "load_space": "tuner.search.space_files",
+    "TunerError": "tuner.errors", "UsageError": "tuner.errors", "ConfigError": "tuner.errors",
+    "SearchSpaceError": "tuner.errors", "TaskError": "tuner.errors",
+    "tune": "tuner.api.run", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
+    "load_result": "tuner.api.result",
+}
+__all__ = [*_WHERE, "__version__"]
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)

@@ -6,7 +6,10 @@ one definition), and a model, data and loss defined in Python are written, with 
 a task file the workers load like any other.
 """
 
-from tuner.api.result import Speedup, TuneResult, load_result
-from tuner.api.run import tune
+from tuner.lazy_names import lazy_names
 
-__all__ = ["tune", "TuneResult", "Speedup", "load_result"]
+_WHERE = {"tune": "tuner.api.run", "TuneResult": "tuner.api.result",
+          "Speedup": "tuner.api.result", "load_result": "tuner.api.result"}
+__all__ = list(_WHERE)
+# Imported on first use: the CLI imports tuner.api.options without the whole job.
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)

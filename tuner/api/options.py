@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tuner.api.arguments import gain, positive_int, ratio, seconds
 from tuner.errors import UsageError
+from tuner.run.plan import Flags
 
 
 def add_tune_parser(commands) -> argparse.ArgumentParser:
@@ -148,3 +149,15 @@ def parse_tune_keywords(task: str, options: dict) -> argparse.Namespace:
         else:
             argv += [action.option_strings[0], str(value)]
     return tune.parse_args(argv)
+
+
+def flags_from(args, task_path: Path) -> Flags:
+    """The ``Flags`` of parsed tune options (``add_tune_parser``'s; ``submit`` has the same)."""
+    return Flags(task_path=task_path, run_dir=args.run_dir, space=args.space, trials=args.trials,
+                 steps=args.steps, seed=args.seed, tolerance=args.tolerance,
+                 exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
+                 finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
+                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
+                 objective=args.objective, memory_slack=args.memory_slack,
+                 trial_seconds=args.trial_seconds, confirm_steps=args.confirm_steps,
+                 confirm_seconds=args.confirm_seconds, no_confirm=args.no_confirm)

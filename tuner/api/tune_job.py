@@ -28,7 +28,8 @@ from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown, describe_ceiling
 from tuner.run.job import tune
-from tuner.run.plan import Flags, resolve
+from tuner.api.options import flags_from
+from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file
 
 
@@ -81,7 +82,7 @@ def run_tune(args) -> None:
     budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{plan.space.name}[/] ({budget}, {plan.describe_steps()})")
-    staged = StagedStores() if previous is None and not args.tracking_uri else None
+    staged = StagedStores(mlflow=not args.tracking_uri) if previous is None else None
     try:
         with _executor(args, console) as executor:
             clock = TimeBreakdown()
@@ -177,17 +178,6 @@ def _import_quietly(*modules: str) -> None:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
             pass
-
-
-def flags_from(args, task_path: Path):
-    return Flags(task_path=task_path, run_dir=args.run_dir, space=args.space, trials=args.trials,
-                 steps=args.steps, seed=args.seed, tolerance=args.tolerance,
-                 exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
-                 finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
-                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
-                 objective=args.objective, memory_slack=args.memory_slack,
-                 trial_seconds=args.trial_seconds, confirm_steps=args.confirm_steps,
-                 confirm_seconds=args.confirm_seconds, no_confirm=args.no_confirm)
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -3,9 +3,11 @@ script), the ``tune`` command (``tune``), the small commands (``commands``), the
 commands (``jobs``) and its start/stop (``service_commands``), a service job's entrypoint
 (``handoff``) and the spare drivers it runs in (``spare``), the option types
 (``arguments``) and the live progress bar (``progress``). The top of the stack: it may import
-anything, nothing imports it.
+anything, nothing imports it. ``main`` is imported on first use (tuner.lazy_names): a job's
+entrypoint imports only tuner.cli.handoff.
 """
 
-from tuner.cli.app import main
+from tuner.lazy_names import lazy_names
 
 __all__ = ["main"]
+__getattr__, __dir__ = lazy_names(globals(), {"main": "tuner.cli.app"})

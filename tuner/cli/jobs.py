@@ -7,7 +7,6 @@ import datetime
 import getpass
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -16,19 +15,12 @@ from typing import Any
 
 from tuner import job_context
 from tuner.errors import UsageError, first_line
-
-SERVICE_ENV = "PRECISION_TUNER_SERVICE"
-TOKEN_ENV = "PRECISION_TUNER_TOKEN"
-JOB_KIND = "job"
-
-
-
 from tuner.service.client import (Service, entrypoint, is_space_file, job_tune_args,
                                    new_job_id)
 from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
-from tuner.api.tune_job import flags_from
 from tuner.records.mlflow_stores import TRIALS_QUERY
+from tuner.api.options import flags_from
 from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file
 
@@ -107,16 +99,13 @@ def submit(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> in
                 "PYTHONUNBUFFERED": "1"}
     if resumes:
         env_vars[job_context.RESUMES_ENV] = resumes
-    with tempfile.TemporaryDirectory(prefix="precision-tuner-job-") as package:
-        shutil.copy(task_path, Path(package) / task_path.name)
-        if space_file is not None:
-            shutil.copy(space_file, Path(package) / space_file.name)
-        command = entrypoint(task_name=task_path.name,
-                             space_name=space_file.name if space_file else None,
-                             run_root=run_root, tracking_uri=service.tracking_uri,
-                             tune_args=tune_args, resume=bool(resumes))
-        service.jobs.submit_job(entrypoint=command, submission_id=job_id, metadata=metadata,
-                                runtime_env={"working_dir": package, "env_vars": env_vars})
+    files = {path.name: path.read_bytes() for path in (task_path, space_file) if path}
+    command = entrypoint(task_name=task_path.name,
+                         space_name=space_file.name if space_file else None,
+                         run_root=run_root, tracking_uri=service.tracking_uri,
+                         tune_args=tune_args, resume=bool(resumes))
+    service.server.submit(entrypoint=command, submission_id=job_id, metadata=metadata,
+                          env_vars=env_vars, files=files)
     print(job_id)
     print(f"submitted {task_path.name} as job {job_id}"
           + (f" (resuming {resumes})" if resumes else "")
@@ -276,7 +265,6 @@ def fetch(args) -> int:
 def ui_links(args) -> int:
     """The service's MLflow UI: one experiment per task, runs tagged with their job id."""
     import webbrowser
-
 
     service = Service(args)
     base = service.tracking_uri

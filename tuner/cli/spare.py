@@ -1,14 +1,16 @@
 """Spare drivers: ``precision-tuner`` processes the service keeps ready for its next jobs.
 
-A job's ``tune`` process spends about 1.5 s importing its libraries (MLflow, Optuna's SQLite
-storage, the tuner itself, matplotlib) and most of a second tearing the interpreter down
-after its results are written: a small warm job's whole overhead. So ``service start`` (with
-warm workers) also starts a keeper that holds ``SPARES`` processes with those libraries
-imported, each waiting on a Unix socket in ``DIR/drivers/``. A job's entrypoint
-(tuner.cli.handoff) claims one, hands it its command line, environment, working
-directory and standard streams, and waits for its exit status, passing Ray's stop signal on.
-The keeper starts a new spare for each one taken. One job per spare: each job still runs in
-a process of its own, with nothing left over from another job.
+A job's ``tune`` process spends about 1.5 s importing its libraries (Ray, MLflow, Optuna's
+SQLite storage, the tuner itself, matplotlib) and most of a second tearing the interpreter
+down after its results are written: a small warm job's whole overhead. So ``service start``
+(with warm workers) also starts a keeper that holds ``SPARES`` processes with those libraries
+imported and their first uses made (an Optuna study, MLflow's request headers), each waiting
+on a Unix socket in ``DIR/drivers/``. A job's entrypoint (tuner.cli.handoff) claims one, hands
+it its command line, environment, working directory and standard streams, and waits for its
+exit status, passing Ray's stop signal on. The keeper starts a new spare for each one taken,
+once no job runs in a spare (or at once when none is left): a spare's imports would slow the
+job beside them. One job per spare: each job still runs in a process of its own, with nothing
+left over from another job.
 
     DIR/drivers/PID.starting   a spare importing (its socket not yet listening)
     DIR/drivers/PID.ready      a spare waiting for a job: its socket
@@ -43,11 +45,28 @@ _BACKOFF_S = 10.0
 
 # -- one spare -----------------------------------------------------------------------------
 def _import_libraries() -> None:
+    import tempfile
+
     import matplotlib
 
     matplotlib.use("Agg")  # as tuner.records.plots renders: to files only
-    for module in (*RECORD_MODULES, "matplotlib.pyplot"):
+    for module in (*RECORD_MODULES, "matplotlib.pyplot", "tuner.api.run", "ray"):
         importlib.import_module(module)
+    # A process's first Optuna study (its schema made by SQLAlchemy) took 0.36 s against
+    # 0.11 s for the next, and its first reopened store (the job's, staged by StagedStores)
+    # 0.2 s, loading Alembic's version scripts: the job's are its next.
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="precision-tuner-spare-") as folder:
+        storage = f"sqlite:///{folder}/optuna.db"
+        optuna.load_study(study_name=optuna.create_study(storage=storage).study_name,
+                          storage=storage)
+    # MLflow's first request resolves its request headers, whose Databricks check imports
+    # IPython where it is installed (0.25 s of the job's first request to the tracking server).
+    from mlflow.tracking.request_header.registry import resolve_request_headers
+
+    resolve_request_headers()
 
 
 def serve(folder: Path) -> int:
@@ -123,7 +142,13 @@ def keep(folder: Path, spares: int, log) -> None:
                 for suffix in (STARTING, READY, CLAIMED):
                     (folder / f"{pid}{suffix}").unlink(missing_ok=True)
         waiting = [pid for pid in children if not (folder / f"{pid}{CLAIMED}").exists()]
-        if time.monotonic() - failed_at >= _BACKOFF_S:     # a spare that cannot start (a
+        # A spare's imports take seconds of CPU: started beside a job, they slowed its start
+        # (its records opened in 0.25-0.46 s against 0.11 s on a quiet node) and could land
+        # in its timed phases. So a taken spare is replaced once no job runs in a spare,
+        # or at once when no spare is left for the next job.
+        running = len(children) - len(waiting)
+        if (not running or not waiting) and \
+                time.monotonic() - failed_at >= _BACKOFF_S:  # a spare that cannot start (a
             for _ in range(spares - len(waiting)):        # broken install) is not retried
                 child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=log)      # in a tight loop; its error is in

@@ -16,21 +16,21 @@ def default_tracking_uri(run_dir: Path) -> str:
 
 
 class StagedStores:
-    """Empty MLflow and Optuna SQLite stores, created in a thread while the job starts up.
+    """Empty Optuna and MLflow SQLite stores, created in a thread while the job starts up.
 
     Creating them (importing MLflow and Optuna, migrating each database's schema) took 3 s of
     a 30 s job on this project's machine, and nothing else waits on it. They are made in a
     temporary folder, because nothing may be written to the run directory before the task is
-    checked, and moved there (``move_into``) once it is. Only for a new run with the default
-    (SQLite) tracking: a failure here only costs that time, the job creates them itself.
+    checked, and moved there (``move_into``) once it is. Only for a new run; with a tracking
+    server (``mlflow=False``: a service job) only Optuna's store, MLflow being imported
+    meanwhile. A failure here only costs that time: the job creates them itself.
     """
 
-    NAMES = ("mlflow.db", "optuna.db")
-
-    def __init__(self) -> None:
+    def __init__(self, mlflow: bool = True) -> None:
         import tempfile
         import threading
 
+        self.names = ("mlflow.db", "optuna.db") if mlflow else ("optuna.db",)
         self.folder = Path(tempfile.mkdtemp(prefix="precision-tuner-stores-"))
         self._thread = threading.Thread(target=self._create, daemon=True)
         self._thread.start()
@@ -42,10 +42,11 @@ class StagedStores:
 
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}").search_experiments()
+            if "mlflow.db" in self.names:
+                MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}").search_experiments()
             optuna.storages.RDBStorage(f"sqlite:///{self.folder / 'optuna.db'}")
         except Exception:  # noqa: BLE001 - the job creates its stores itself then
-            for name in self.NAMES:
+            for name in self.names:
                 (self.folder / name).unlink(missing_ok=True)
 
     def move_into(self, run_dir: Path) -> None:
@@ -54,9 +55,9 @@ class StagedStores:
 
         self._thread.join()
         run_dir.mkdir(parents=True, exist_ok=True)
-        if all((self.folder / name).exists() for name in self.NAMES) and \
-                not any((run_dir / name).exists() for name in self.NAMES):
-            for name in self.NAMES:
+        if all((self.folder / name).exists() for name in self.names) and \
+                not any((run_dir / name).exists() for name in self.names):
+            for name in self.names:
                 shutil.move(str(self.folder / name), str(run_dir / name))
         self.discard()
 

@@ -99,9 +99,9 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     if hasattr(executor, "announce"):  # a shared cluster: say in MLflow when waiting for a node
         executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
-        records.later(tracker.log_diagnostics, diagnostics)
+        records.after_first_trial(tracker.log_diagnostics, diagnostics)
     if task_info.get("ceiling"):
-        records.later(tracker.log_ceiling, task_info["ceiling"])
+        records.after_first_trial(tracker.log_ceiling, task_info["ceiling"])
     clock.add("opening records", time.perf_counter() - opening)
     exhausted, outcome = _search(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count

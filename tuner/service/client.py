@@ -19,6 +19,7 @@ Where things are:
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import secrets
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner import job_context
-from tuner.errors import UsageError, first_line
+from tuner.errors import UsageError
 from tuner.service.contract import (JOB_KIND, MLFLOW_USER, RECORD_JOB, SERVICE_ENV, TOKEN_ENV,
                                     client_for)
+from tuner.service.job_server import JobServer
 
 
 # -- connecting ----------------------------------------------------------------------------
@@ -56,24 +58,30 @@ def service_token(args) -> str | None:
 
 
 class Service:
-    """One connection to the service: Ray's job client and the MLflow client."""
+    """One connection to the service: its job server (over REST, tuner.service.job_server),
+    Ray's job client (``jobs``, imported on first use) and the MLflow client."""
 
     def __init__(self, args) -> None:
         self.address = service_address(args)
         self.token = service_token(args)
-        self.jobs = client_for(self.address, self.token)
+        self.server = JobServer(self.address, self.token)
         self.record = self._record()
         self.tracking_uri = getattr(args, "tracking_uri", None) or self.record["tracking_uri"]
         self._mlflow = None
 
+    @functools.cached_property
+    def jobs(self):
+        """Ray's ``JobSubmissionClient`` for the service (its import takes most of a second,
+        so only the commands that use it pay it)."""
+        return client_for(self.address, self.token)
+
     def _record(self) -> dict[str, str]:
-        try:
-            info = self.jobs.get_job_info(RECORD_JOB)
-        except Exception as exc:  # noqa: BLE001 - Ray raises RuntimeError for "not found"
+        info = self.server.job(RECORD_JOB)
+        if info is None:
             raise UsageError(f"{self.address} is a Ray job server but not a precision-tuner "
-                             f"service ({first_line(exc, 80)}). Start one with "
-                             "`precision-tuner service start`.") from None
-        return dict(info.metadata or {})
+                             f"service (it has no job {RECORD_JOB!r}). Start one with "
+                             "`precision-tuner service start`.")
+        return dict(info.get("metadata") or {})
 
     @property
     def mlflow(self):

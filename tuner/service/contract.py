@@ -1,5 +1,5 @@
 """What the service's server and its clients share: the names in Ray's job store and the
-environment, and the connection to Ray's job server (``client_for``). Both sides import this;
+environment, and the connection to Ray's job server (``client_for``; tuner.service.job_server on the submit path). Both sides import this;
 neither imports the other."""
 
 from __future__ import annotations
@@ -31,15 +31,18 @@ def client_for(address: str, token: str | None):
     try:
         return JobSubmissionClient(address, headers=headers)
     except AuthenticationError as exc:
-        raise UsageError(_refused(address, exc, token)) from None
+        raise UsageError(refused_message(address, first_line(exc, 80), token)) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"cannot reach the service at --service {address}: {first_line(exc)}."
-                         " Start it (`precision-tuner service start`) or fix the address.") \
-            from None
+        raise UsageError(unreachable_message(address, first_line(exc))) from None
 
 
-def _refused(address: str, exc: BaseException, token: str | None) -> str:
-    why = "the token was not accepted" if token else "it requires authentication"
-    return (f"the service at --service {address} refused the request: {why} "
-            f"({first_line(exc, 80)}). Set {TOKEN_ENV} to the service's token, or pass "
+def unreachable_message(address: str, why: str) -> str:
+    return (f"cannot reach the service at --service {address}: {why}. Start it "
+            "(`precision-tuner service start`) or fix the address.")
+
+
+def refused_message(address: str, why: str, token: str | None) -> str:
+    refused = "the token was not accepted" if token else "it requires authentication"
+    return (f"the service at --service {address} refused the request: {refused} "
+            f"({why[:80]}). Set {TOKEN_ENV} to the service's token, or pass "
             "--token-file DIR/auth_token")
