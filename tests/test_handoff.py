@@ -1,7 +1,8 @@
 """A service job's entrypoint (tuner.cli.handoff) and the spare drivers it runs in
 (tuner.cli.spare), without a cluster: a job handed to a spare prints, fails and exits exactly
-as `precision-tuner` run on its own would; the keeper replaces the spare it took; with no spare
-ready the entrypoint runs the command itself; a killed entrypoint takes its spare with it."""
+as `precision-tuner` run on its own would; the keeper replaces the spare it took (once no job
+runs in a spare, while another is ready); with no spare ready the entrypoint runs the command
+itself; a killed entrypoint takes its spare with it."""
 
 import os
 import signal
@@ -23,19 +24,38 @@ def _wait(predicate, timeout=60.0):
         time.sleep(0.1)
 
 
-@pytest.fixture
-def keeper(tmp_path):
+def _start_keeper(tmp_path, spares: int):
     drivers = tmp_path / "drivers"
     process = subprocess.Popen([sys.executable, "-m", "tuner.cli.spare", "keep", "--dir",
-                                str(drivers), "--spares", "1"], cwd=ROOT,
+                                str(drivers), "--spares", str(spares)], cwd=ROOT,
                                start_new_session=True, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
+    _wait(lambda: drivers.is_dir() and len(list(drivers.glob("*.ready"))) == spares)
+    return process
+
+
+@pytest.fixture
+def keeper(tmp_path):
+    process = _start_keeper(tmp_path, 1)
     try:
-        _wait(lambda: drivers.is_dir() and list(drivers.glob("*.ready")))
         yield tmp_path
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in
+            open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def _slow_job(service_dir):
+    """A tuning job of slow steps, through the entrypoint: it runs until the entrypoint goes."""
+    env = {**os.environ, "PRECISION_TUNER_SERVICE_DIR": str(service_dir)}
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli.handoff", "tune",
+                             str(ROOT / "tests" / "tasks" / "slow_steps.py"), "--run-dir",
+                             str(service_dir / "run"), "--trials", "3"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _handoff(service_dir, *argv, **popen):
@@ -70,12 +90,7 @@ def test_with_no_spare_ready_the_entrypoint_runs_the_command_itself(tmp_path):
 
 def test_a_killed_entrypoint_takes_its_spare_with_it(keeper):
     spare = int(next((keeper / "drivers").glob("*.ready")).stem)
-    env = {**os.environ, "PRECISION_TUNER_SERVICE_DIR": str(keeper)}
-    # A tuning job of slow steps: it runs until its entrypoint goes.
-    entry = subprocess.Popen([sys.executable, "-m", "tuner.cli.handoff", "tune",
-                              str(ROOT / "tests" / "tasks" / "slow_steps.py"), "--run-dir",
-                              str(keeper / "run"), "--trials", "3"],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    entry = _slow_job(keeper)
     try:
         _wait(lambda: (keeper / "drivers" / f"{spare}.claimed").exists())
         time.sleep(1.0)
@@ -86,3 +101,25 @@ def test_a_killed_entrypoint_takes_its_spare_with_it(keeper):
               or open(f"/proc/{spare}/stat").read().split(")")[-1].split()[0] == "Z")
     finally:
         entry.kill()
+
+
+def test_while_a_job_runs_in_a_spare_the_keeper_replaces_it_only_after(tmp_path):
+    """A spare's imports take seconds of CPU: with another spare ready, the one a job took is
+    replaced once the job ends, not beside it."""
+    process = _start_keeper(tmp_path, 2)
+    drivers = tmp_path / "drivers"
+    try:
+        entry = _slow_job(tmp_path)
+        try:
+            _wait(lambda: list(drivers.glob("*.claimed")))
+            time.sleep(3.0)          # the keeper polls every 0.2 s: a refill would be running
+            assert len(_children(process.pid)) == 2            # the job's and the ready one
+            assert len(list(drivers.glob("*.ready"))) == 1
+        finally:
+            entry.kill()
+            entry.wait()
+        _wait(lambda: len(list(drivers.glob("*.ready"))) == 2)  # replaced once it ended
+        assert not list(drivers.glob("*.claimed"))
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
