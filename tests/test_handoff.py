@@ -1,8 +1,9 @@
 """A service job's entrypoint (tuner.cli.handoff) and the spare drivers it runs in
 (tuner.cli.spare), without a cluster: a job handed to a spare prints, fails and exits exactly
-as `precision-tuner` run on its own would; the keeper replaces the spare it took (once no job
-runs in a spare, while another is ready); with no spare ready the entrypoint runs the command
-itself; a killed entrypoint takes its spare with it."""
+as `precision-tuner` run on its own would; the keeper replaces the spare it took once no job
+runs on the node (in a spare or as its own process), never beside one; with no spare ready the
+entrypoint waits for one still importing, or runs the command itself; a killed entrypoint takes
+its spare with it."""
 
 import os
 import signal
@@ -120,6 +121,54 @@ def test_while_a_job_runs_in_a_spare_the_keeper_replaces_it_only_after(tmp_path)
             entry.wait()
         _wait(lambda: len(list(drivers.glob("*.ready"))) == 2)  # replaced once it ended
         assert not list(drivers.glob("*.claimed"))
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_no_spare_is_started_beside_a_job_even_when_none_is_left(tmp_path):
+    """Both spares gone (here the only one) and a second job running as its own process: the
+    keeper waits for both jobs before it imports a new spare."""
+    process = _start_keeper(tmp_path, 1)
+    drivers = tmp_path / "drivers"
+    try:
+        first = _slow_job(tmp_path)
+        second = None
+        try:
+            _wait(lambda: list(drivers.glob("*.claimed")))
+            second = _slow_job(tmp_path)                     # no spare ready: its own process
+            _wait(lambda: (drivers / f"{second.pid}.own").exists())
+            time.sleep(2.0)
+            assert len(_children(process.pid)) == 1          # the first job's spare only
+            first.kill()
+            first.wait()
+            _wait(lambda: not list(drivers.glob("*.claimed")))
+            time.sleep(2.0)                                  # the second still runs
+            assert _children(process.pid) == [] and not list(drivers.glob("*.ready"))
+        finally:
+            for entry in (first, second):
+                if entry is not None:
+                    entry.kill()
+                    entry.wait()
+        _wait(lambda: len(list(drivers.glob("*.ready"))) == 1)  # once both ended
+        assert not list(drivers.glob("*.own"))
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_job_waits_for_a_spare_still_importing_rather_than_import_itself(tmp_path):
+    drivers = tmp_path / "drivers"
+    process = subprocess.Popen([sys.executable, "-m", "tuner.cli.spare", "keep", "--dir",
+                                str(drivers), "--spares", "1"], cwd=ROOT,
+                               start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: drivers.is_dir() and list(drivers.glob("*.starting")))
+        assert not list(drivers.glob("*.ready"))      # its imports take seconds from here
+        shown = _handoff(tmp_path, "--version")
+        assert shown.returncode == 0 and SPARE_LINE in shown.stdout
+        assert not list(drivers.glob("*.own"))
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()

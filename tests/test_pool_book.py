@@ -88,3 +88,46 @@ def test_the_status_table_counts_busy_lent_and_idle_per_node():
     book.end("A", a)
     assert book.lock("A") == "n1-t"
     assert book.table()[0]["timing"] == "A"
+
+
+def test_a_jobs_task_check_on_a_borrowed_worker_takes_turns_with_timed_phases(monkeypatch):
+    """The task check, ceiling probe and diagnostics are TensorFlow work on the borrowed
+    worker like a trial: they wait while another job times on the node, and that job's lock
+    waits for them (tuner.execution.ray_pool.RayExecutor._call)."""
+    import ray
+
+    from tuner.execution.ray_pool import RayExecutor, _Slot
+
+    book = _book(nodes=("n1",))
+    (mine,) = book.borrow("B", 1)
+    book.borrow("A", 1)
+    assert book.lock("A") == "n1-t"                       # A is timing on the node
+    events = []
+
+    class Lender:                   # the keeper's book, as Lender reaches it through Ray
+        def begin(self, name, announce):
+            while not book.begin("B", name):
+                events.append("held back")
+                book.unlock("A")                         # A's re-measurement ends
+            events.append("began")
+
+        def end(self, name):
+            events.append("ended")
+            return book.end("B", name)
+
+    class Worker:
+        class probe:
+            @staticmethod
+            def remote(*args):
+                events.append("checked")
+                events.append("A's lock: " + str(book.lock("A")))
+                return {"ok": True}
+
+    executor = RayExecutor.__new__(RayExecutor)
+    executor.workers, executor.announce, executor._lender = 1, None, Lender()
+    executor._slots = [_Slot(Worker(), "n1", name=mine)]
+    executor.task_source_cache = {"t.py": {"digest": "d", "ref": []}}
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
+    assert executor.probe("t.py", 3) == {"ok": True}
+    assert events == ["held back", "began", "checked", "A's lock: None", "ended"]
+    assert not book.workers[mine].running and book.lock("A") == "n1-t"

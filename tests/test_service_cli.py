@@ -281,3 +281,28 @@ def test_runs_whose_job_died_are_closed_on_the_next_jobs(tmp_path, capsys):
     reason = store.get_run(runs["j-stopped"][0]).data.tags["precision_tuner.closed_because"]
     assert reason == "its driver ended (STOPPED) without closing its records"
     assert service.close_orphans() == []                      # closed once
+
+
+_NICENESS_PROBE = """
+import os, threading
+from tuner.run import job
+def niceness():
+    return sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir('/proc/self/task')})
+threading.Thread(target=threading.Event().wait, daemon=True).start()   # a second thread
+before = niceness()
+job._step_aside()
+print(before, niceness())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux's per-thread niceness")
+@pytest.mark.parametrize("job_id, raised", [("t-1", 10), ("", 0)])
+def test_a_service_job_steps_aside_once_its_timings_are_done(job_id, raised):
+    """Every thread of a service job's driver lowers its priority after its timed phases;
+    outside a service job (a user's script or notebook) nothing changes."""
+    env = {**os.environ, job_context.JOB_ID_ENV: job_id}
+    shown = subprocess.run([sys.executable, "-c", _NICENESS_PROBE], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    before, after = (json.loads(part + "]") for part in shown.stdout.strip()[:-1].split("] "))
+    assert len(before) == 1 and after == [min(19, before[0] + raised)]

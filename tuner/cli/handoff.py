@@ -1,9 +1,10 @@
 """A service job's entrypoint: ``python -m tuner.cli.handoff ARGV...`` runs
 ``precision-tuner ARGV...`` in one of the service's spare drivers (tuner.cli.spare),
-or, where none is ready, as a process of its own (``exec python -m tuner``), with the same
-result.
+or, where none is ready, as a process of its own (``exec python -m tuner``, marked by an empty
+``DIR/drivers/PID.own`` so that the keeper waits for it too), with the same result.
 
-It claims a spare by renaming its socket (``PID.ready`` -> ``PID.claimed``: one rename wins),
+It claims a spare by renaming its socket (``PID.ready`` -> ``PID.claimed``: one rename wins;
+where none is ready but one is still importing, it waits for that one, up to 20 s),
 hands it the command line, environment, working directory and this process's standard
 streams (so the job's output goes where Ray's job log reads it), passes SIGINT and SIGTERM
 on (Ray's stop), and exits with the spare's status. If this process is killed, the spare
@@ -17,12 +18,43 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
-from tuner.service.contract import CLAIMED, DRIVERS, READY
+from tuner.service.contract import CLAIMED, DRIVERS, OWN, READY, STARTING
 
 
-def _claim(folder: Path) -> socket.socket | None:
+# How long a job waits for a spare that is still importing before it imports on its own.
+STARTING_WAIT_S = 20.0
+_POLL_S = 0.05
+
+
+def _claim(folder: Path, wait_s: float = STARTING_WAIT_S) -> socket.socket | None:
+    """A ready spare's connection; None when there is none and none is starting. A spare
+    still importing is waited for: it is part-way through the imports this job would
+    otherwise start from the beginning (seconds of CPU), beside whatever else runs."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        connection = _claim_ready(folder)
+        if connection is not None or time.monotonic() > deadline \
+                or not _importing(folder):
+            return connection
+        time.sleep(_POLL_S)
+
+
+def _importing(folder: Path) -> bool:
+    for marker in folder.glob(f"*{STARTING}"):
+        try:
+            os.kill(int(marker.stem), 0)
+            return True
+        except (ProcessLookupError, ValueError):
+            continue
+        except PermissionError:
+            return True
+    return False
+
+
+def _claim_ready(folder: Path) -> socket.socket | None:
     try:
         ready = sorted(folder.glob(f"*{READY}"))
     except OSError:
@@ -57,8 +89,14 @@ def _lines(connection: socket.socket):
 
 def main(argv: list[str]) -> int:
     service_dir = os.environ.get("PRECISION_TUNER_SERVICE_DIR")
-    connection = _claim(Path(service_dir) / DRIVERS) if service_dir else None
+    folder = Path(service_dir) / DRIVERS if service_dir else None
+    connection = _claim(folder) if folder else None
     if connection is None:
+        if folder is not None:
+            try:          # the same pid after exec: the keeper sees the job run until it ends
+                (folder / f"{os.getpid()}{OWN}").touch()
+            except OSError:
+                pass
         os.execv(sys.executable, [sys.executable, "-m", "tuner", *argv])
     job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(connection, [json.dumps(job).encode()], [0, 1, 2])

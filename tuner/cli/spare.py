@@ -7,14 +7,20 @@ down after its results are written: a small warm job's whole overhead. So ``serv
 imported and their first uses made (an Optuna study, MLflow's request headers), each waiting
 on a Unix socket in ``DIR/drivers/``. A job's entrypoint (tuner.cli.handoff) claims one, hands
 it its command line, environment, working directory and standard streams, and waits for its
-exit status, passing Ray's stop signal on. The keeper starts a new spare for each one taken,
-once no job runs in a spare (or at once when none is left): a spare's imports would slow the
-job beside them. One job per spare: each job still runs in a process of its own, with nothing
-left over from another job.
+exit status, passing Ray's stop signal on. The keeper starts a new spare for each one taken
+once no job runs on the node at all, in a spare or as its own process: a spare's imports are
+seconds of CPU, which would slow the jobs beside them and land in their timed phases (on a
+2-core node, a refill beside another job's re-measurement widened its intervals until the
+round cap). A job that finds no spare ready waits for one still importing, if any, or
+runs as its own process, paying its own imports.
+One job per spare: each job still runs in a process of its own, with nothing left over from
+another job.
 
-    DIR/drivers/PID.starting   a spare importing (its socket not yet listening)
+    DIR/drivers/PID.starting   a spare importing (its socket, not yet taken: a job that finds
+                               no spare ready waits for it, up to 20 s, rather than import)
     DIR/drivers/PID.ready      a spare waiting for a job: its socket
     DIR/drivers/PID.claimed    the same socket, renamed by the job that took it
+    DIR/drivers/PID.own        a job running as its own process PID (no spare was ready)
 
     python -m tuner.cli.spare keep --dir DIR/drivers [--spares 2]     # the keeper
     python -m tuner.cli.spare serve --dir DIR/drivers                 # one spare
@@ -37,7 +43,7 @@ from pathlib import Path
 
 from tuner.api.tune_job import RECORD_MODULES
 from tuner.cli.app import main as cli_main
-from tuner.service.contract import CLAIMED, READY, SPARES, STARTING
+from tuner.service.contract import CLAIMED, OWN, READY, SPARES, STARTING
 
 _POLL_S = 0.2
 _BACKOFF_S = 10.0
@@ -71,12 +77,12 @@ def _import_libraries() -> None:
 
 def serve(folder: Path) -> int:
     """Import, wait for one job, run it as ``precision-tuner ARGV`` would, report its status."""
-    _import_libraries()
     pid = os.getpid()
-    starting = folder / f"{pid}{STARTING}"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    starting = folder / f"{pid}{STARTING}"    # there from the start: a job finding no spare
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # ready waits for this one
     listener.bind(str(starting))
     listener.listen(1)
+    _import_libraries()
     os.rename(starting, folder / f"{pid}{READY}")
     connection, _ = listener.accept()
     listener.close()
@@ -142,18 +148,30 @@ def keep(folder: Path, spares: int, log) -> None:
                 for suffix in (STARTING, READY, CLAIMED):
                     (folder / f"{pid}{suffix}").unlink(missing_ok=True)
         waiting = [pid for pid in children if not (folder / f"{pid}{CLAIMED}").exists()]
-        # A spare's imports take seconds of CPU: started beside a job, they slowed its start
-        # (its records opened in 0.25-0.46 s against 0.11 s on a quiet node) and could land
-        # in its timed phases. So a taken spare is replaced once no job runs in a spare,
-        # or at once when no spare is left for the next job.
-        running = len(children) - len(waiting)
-        if (not running or not waiting) and \
-                time.monotonic() - failed_at >= _BACKOFF_S:  # a spare that cannot start (a
-            for _ in range(spares - len(waiting)):        # broken install) is not retried
+        running = len(children) - len(waiting) + _own_jobs(folder)
+        # Replaced only on a quiet node (see the module's text). A spare that cannot start (a
+        # broken install) is not retried in a tight loop: its error is in the log, and jobs
+        # run as their own processes meanwhile.
+        if not running and time.monotonic() - failed_at >= _BACKOFF_S:
+            for _ in range(spares - len(waiting)):
                 child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log)      # in a tight loop; its error is in
-                children[child.pid] = child               # the log, and jobs run alone
+                                         stderr=log)
+                children[child.pid] = child
         time.sleep(_POLL_S)
+
+
+def _own_jobs(folder: Path) -> int:
+    """Jobs running as their own processes (``PID.own``); the markers of ended ones removed."""
+    running = 0
+    for marker in folder.glob(f"*{OWN}"):
+        try:
+            os.kill(int(marker.stem), 0)
+            running += 1
+        except (ProcessLookupError, ValueError):
+            marker.unlink(missing_ok=True)
+        except PermissionError:        # alive, another user's
+            running += 1
+    return running
 
 
 def main(argv: list[str] | None = None) -> int:

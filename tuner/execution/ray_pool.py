@@ -208,6 +208,11 @@ class RayExecutor:
 
         self._fill_pool()
         slot = self._slots[0]
+        # On a borrowed worker this is TensorFlow work like a trial (and the ceiling probe a
+        # timing of its own): it waits while another job times on the node, and holds off
+        # that job's re-measurement until it is done.
+        if slot.name is not None:
+            self._lender.begin(slot.name, self.announce)
         try:
             return ray.get(getattr(slot.actor, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.RayTaskError as exc:
@@ -224,6 +229,9 @@ class RayExecutor:
             self._replace(slot)
             raise TrialInfrastructureError(f"the worker crashed during {what}: "
                                            f"{first_line(exc)}") from None
+        finally:
+            if slot.name is not None:
+                self._lender.end(slot.name)
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,

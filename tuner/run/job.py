@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from typing import Any
 
@@ -131,8 +132,9 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
 
 def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,
             clock: TimeBreakdown):
-    """The trials, the re-measurement and the confirmation: ``(space exhausted, outcome)``.
-    On Ctrl-C or an error, what is open is closed (the study stays resumable) and it raises."""
+    """The trials, the re-measurement and the confirmation: ``(space exhausted, outcome)``;
+    then a service job's driver steps aside (``_step_aside``). On Ctrl-C or an error, what
+    is open is closed (the study stays resumable) and it raises."""
     try:
         with clock.phase("trials"):
             exhausted = scheduler.run()
@@ -144,6 +146,7 @@ def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunSt
         clock.carve("re-measurement", "confirmation",
                     sum(c.seconds for c in outcome.confirmations))
         record_exclusive_phases(executor, store, tracker)
+        _step_aside()
         return exhausted, outcome
     except KeyboardInterrupt:
         # Ctrl-C: close what is open, leave the study resumable (its RUNNING trials are
@@ -163,6 +166,31 @@ def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunSt
         raise
     finally:
         records.close()
+
+
+# A service job's driver, its timed phases over: the niceness it takes for the rest.
+AFTER_TIMING_NICENESS = 10
+
+
+def _step_aside() -> None:
+    """A service job whose timed phases are over (re-measurement, confirmation) lowers its
+    driver's CPU priority for what is left (records, plots, the export). The node lock keeps
+    other jobs' trials off a re-measurement, not their drivers: on a shared 2-core node one
+    job's plots (2-3 s of CPU) ran beside the next job's re-measurement. Where the CPU is
+    free this costs nothing. Only in a service job, whose driver is a process of its own that
+    ends with the job (never a user's notebook or script)."""
+    if job_context.job_id() is None:
+        return
+    try:                        # Linux: a niceness per thread (the records' thread included)
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + AFTER_TIMING_NICENESS))
+        except OSError:
+            pass
 
 
 def _tag_job(tracker, parent_id: str) -> None:

@@ -12,10 +12,11 @@ JOB_KIND = "job"
 MLFLOW_USER = "precision-tuner"
 RECORD_JOB = "precision-tuner-service"   # the Ray job whose metadata describes the service
 # The spare drivers' sockets (tuner.cli.spare), in DIR/drivers/: PID.starting while importing,
-# PID.ready once listening, PID.claimed once a job's entrypoint (tuner.cli.handoff) took it.
+# PID.ready once listening, PID.claimed once a job's entrypoint (tuner.cli.handoff) took it;
+# PID.own marks a job that found no spare ready and runs as its own process PID.
 DRIVERS = "drivers"
 SPARES = 2                                # spare drivers kept ready
-READY, CLAIMED, STARTING = ".ready", ".claimed", ".starting"
+READY, CLAIMED, STARTING, OWN = ".ready", ".claimed", ".starting", ".own"
 
 
 def client_for(address: str, token: str | None):
