@@ -1,11 +1,11 @@
 """The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
 latency (and the part of it that is Ray's job server's own: a bare entrypoint's start), each
-job's own start-up phase, and the wall time of two jobs submitted together
-against the same two one after the other; cold (``service start --warm-workers 0``: each job
+job's own start-up phase, and the wall time of two jobs submitted together against the same
+two one after the other (``--pairs`` times, in turns, from a settled service); cold (``service start --warm-workers 0``: each job
 starts its own TensorFlow workers) and warm (the service's pool lends them). Starts a loopback
 service on free ports in a temporary directory for each, and stops it.
 
-    python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20]
+    python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20] [--pairs 2]
     python benchmarks/service_timing.py --table    # the README's table, from the results
 
 Results go to benchmarks/results/service_timing.json; the README's table is ``--table``'s
@@ -53,10 +53,15 @@ def table(results: dict) -> str:
     for name, seconds in cold["figures"].items():
         lines.append(f"| {name} | {seconds:.1f} | {warm['figures'][name]:.1f} | "
                      f"{warm['figures'][name] / seconds:.2f} |")
-    lines.append(f"| two jobs: together / one after the other | "
-                 f"{cold['together_over_sequential']:.2f} | "
-                 f"{warm['together_over_sequential']:.2f} | (ratios) |")
+    lines.append("| two jobs: together / one after the other, median (each) | "
+                 + " | ".join(_ratios(side) for side in (cold, warm)) + " | (ratios) |")
     return "\n".join(lines)
+
+
+def _ratios(side: dict) -> str:
+    each = side.get("together_over_sequential_each", [])
+    return f"{side['together_over_sequential']:.2f}" + (
+        f" ({', '.join(f'{r:.2f}' for r in each)})" if len(each) > 1 else "")
 
 
 def _cpu_model() -> str:
@@ -91,7 +96,7 @@ def ray_floor(jobs, folder: Path, wait) -> float:
     return float(stamp.read_text()) - began
 
 
-def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
+def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int) -> dict:
     """One service, started, used and stopped: its figures in seconds."""
     folder = Path(tempfile.mkdtemp(prefix="pt-service-timing-"))
     print(f"{'warm' if warm else 'cold'}: the service's folder is {folder}", file=sys.stderr)
@@ -151,29 +156,67 @@ def scenario(task: str, trials: str, steps: str, warm: bool) -> dict:
         figures["one job: outside its own clock"] = (figures["one job, submit to done"]
                                                      - _timing(service_dir, one)["wall_s"])
         figures["first job's start-up phase"] = _start_up_phase(service_dir, one)
-        began = time.perf_counter()
-        sequence = []
-        for _ in range(2):
-            sequence.append(submit()[0])
-            wait(sequence[-1])
-        figures["two jobs one after the other"] = time.perf_counter() - began
-        figures["a later job's start-up phase"] = _start_up_phase(service_dir, sequence[-1])
-        began = time.perf_counter()
-        pair = [submit()[0] for _ in range(2)]
-        print(f"  two jobs together: {' '.join(pair)}", file=sys.stderr)
-        for job in pair:
-            wait(job)
-        figures["two jobs submitted together"] = time.perf_counter() - began
-        # How long the two jobs re-measured: a pair's time moves with how many rounds its
-        # re-measurements needed (4-8 for tiny_mlp), which noise beside them raises.
-        for name, jobs_ in (("one after the other", sequence), ("together", pair)):
-            figures[f"their re-measurements, {name}"] = sum(
-                _timing(service_dir, job)["phases"].get("re-measurement", 0.0) for job in jobs_)
+        pairs = _pairs(submit, wait, lambda: _settle(service_dir), repeats)
+        figures["a later job's start-up phase"] = _start_up_phase(
+            service_dir, pairs[0]["one after the other jobs"][-1])
+        print(f"  pairs: {pairs}", file=sys.stderr)
+        for name in ("one after the other", "together"):
+            figures[f"two jobs {name} (median)"] = statistics.median(
+                p[name] for p in pairs)
+            figures[f"their re-measurements, {name} (median)"] = statistics.median(
+                _remeasured(service_dir, p[f"{name} jobs"]) for p in pairs)
     finally:
         cli("service", "stop", "--dir", str(service_dir), env=env)
+    ratios = sorted(p["together"] / p["one after the other"] for p in pairs)
     return {"figures": {name: round(seconds, 2) for name, seconds in figures.items()},
-            "together_over_sequential": round(figures["two jobs submitted together"]
-                                              / figures["two jobs one after the other"], 3)}
+            "together_over_sequential": round(statistics.median(ratios), 3),
+            "together_over_sequential_each": [round(r, 3) for r in ratios]}
+
+
+def _submit_and_wait(submit, wait) -> str:
+    job, _ = submit()
+    wait(job)
+    return job
+
+
+def _pairs(submit, wait, settle, repeats: int) -> list[dict]:
+    """``repeats`` times two jobs one after the other and two submitted together, in turns
+    (AB BA ...), each from a settled service: a pair's time moves with how many rounds its
+    re-measurements need (4-8 for tiny_mlp), so one comparison alone says little."""
+    pairs = []
+    for index in range(repeats):
+        pair: dict = {}
+        for name in (("one after the other", "together") if index % 2 == 0
+                     else ("together", "one after the other")):
+            settle()
+            began = time.perf_counter()
+            if name == "together":
+                jobs = [submit()[0] for _ in range(2)]
+                for job in jobs:
+                    wait(job)
+            else:
+                jobs = [_submit_and_wait(submit, wait) for _ in range(2)]
+            pair[name], pair[f"{name} jobs"] = time.perf_counter() - began, jobs
+        pairs.append(pair)
+    return pairs
+
+
+def _remeasured(service_dir: Path, jobs: list[str]) -> float:
+    """The jobs' re-measurement phases together (waiting for the node included)."""
+    return sum(_timing(service_dir, job)["phases"].get("re-measurement", 0.0) for job in jobs)
+
+
+def _settle(service_dir: Path, wait_s: float = 60.0) -> None:
+    """Until the service's spare drivers are all ready again (a warm service's steady state;
+    the keeper replaces the ones taken once no job runs), so that each comparison starts
+    from the same state."""
+    from tuner.service.contract import DRIVERS, READY, SPARES
+
+    folder = service_dir / DRIVERS
+    deadline = time.monotonic() + wait_s
+    while folder.is_dir() and len(list(folder.glob(f"*{READY}"))) < SPARES \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def main() -> None:
@@ -183,6 +226,9 @@ def main() -> None:
     parser.add_argument("--steps", default="20")
     parser.add_argument("--table", action="store_true",
                         help="print the README's table from the results file and exit")
+    parser.add_argument("--pairs", type=int, default=2,
+                        help="how many times to compare two jobs together with one after the "
+                             "other (in turns) [default: %(default)s]")
     parser.add_argument("--only", choices=("cold", "warm"),
                         help="run one scenario and print it, keeping its folder for a look at "
                              "its jobs (the results file is not written)")
@@ -194,7 +240,8 @@ def main() -> None:
                "flags": f"--trials {options.trials} --steps {options.steps}",
                "cpus": os.cpu_count(), "cpu": _cpu_model(), "measured": time.strftime("%Y-%m-%d")}
     for kind in (options.only,) if options.only else ("cold", "warm"):
-        results[kind] = scenario(options.task, options.trials, options.steps, kind == "warm")
+        results[kind] = scenario(options.task, options.trials, options.steps, kind == "warm",
+                                 options.pairs)
         print(f"{kind}: {json.dumps(results[kind], indent=1)}", file=sys.stderr)
     if options.only:
         return
