@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.service.contract import CLAIMED, DRIVERS, OWN, READY, STARTING
+from tuner.service.contract import CLAIMED, DRIVERS, OWN, READY, STARTING, live_markers
 
 
 # How long a job waits for a spare that is still importing before it imports on its own.
@@ -37,21 +37,9 @@ def _claim(folder: Path, wait_s: float = STARTING_WAIT_S) -> socket.socket | Non
     while True:
         connection = _claim_ready(folder)
         if connection is not None or time.monotonic() > deadline \
-                or not _importing(folder):
+                or not live_markers(folder, STARTING):
             return connection
         time.sleep(_POLL_S)
-
-
-def _importing(folder: Path) -> bool:
-    for marker in folder.glob(f"*{STARTING}"):
-        try:
-            os.kill(int(marker.stem), 0)
-            return True
-        except (ProcessLookupError, ValueError):
-            continue
-        except PermissionError:
-            return True
-    return False
 
 
 def _claim_ready(folder: Path) -> socket.socket | None:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from tuner.api.tune_job import RECORD_MODULES
 from tuner.cli.app import main as cli_main
-from tuner.service.contract import CLAIMED, OWN, READY, SPARES, STARTING
+from tuner.service.contract import CLAIMED, OWN, READY, SPARES, STARTING, live_markers
 
 _POLL_S = 0.2
 _BACKOFF_S = 10.0
@@ -148,7 +148,8 @@ def keep(folder: Path, spares: int, log) -> None:
                 for suffix in (STARTING, READY, CLAIMED):
                     (folder / f"{pid}{suffix}").unlink(missing_ok=True)
         waiting = [pid for pid in children if not (folder / f"{pid}{CLAIMED}").exists()]
-        running = len(children) - len(waiting) + _own_jobs(folder)
+        # Jobs running as their own processes count too (markers of ended ones go).
+        running = len(children) - len(waiting) + live_markers(folder, OWN, remove_dead=True)
         # Replaced only on a quiet node (see the module's text). A spare that cannot start (a
         # broken install) is not retried in a tight loop: its error is in the log, and jobs
         # run as their own processes meanwhile.
@@ -158,20 +159,6 @@ def keep(folder: Path, spares: int, log) -> None:
                                          stderr=log)
                 children[child.pid] = child
         time.sleep(_POLL_S)
-
-
-def _own_jobs(folder: Path) -> int:
-    """Jobs running as their own processes (``PID.own``); the markers of ended ones removed."""
-    running = 0
-    for marker in folder.glob(f"*{OWN}"):
-        try:
-            os.kill(int(marker.stem), 0)
-            running += 1
-        except (ProcessLookupError, ValueError):
-            marker.unlink(missing_ok=True)
-        except PermissionError:        # alive, another user's
-            running += 1
-    return running
 
 
 def main(argv: list[str] | None = None) -> int:

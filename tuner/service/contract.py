@@ -19,6 +19,25 @@ SPARES = 2                                # spare drivers kept ready
 READY, CLAIMED, STARTING, OWN = ".ready", ".claimed", ".starting", ".own"
 
 
+def live_markers(folder, suffix: str, remove_dead: bool = False) -> int:
+    """How many ``PID{suffix}`` files in ``folder`` (a Path) name a live process; those of
+    ended ones removed when ``remove_dead``."""
+    import os
+
+    live = 0
+    for marker in folder.glob(f"*{suffix}"):
+        try:
+            os.kill(int(marker.stem), 0)
+        except (ProcessLookupError, ValueError):
+            if remove_dead:
+                marker.unlink(missing_ok=True)
+            continue
+        except PermissionError:                # alive, another user's
+            pass
+        live += 1
+    return live
+
+
 def client_for(address: str, token: str | None):
     """A ``JobSubmissionClient`` for the service, with the bearer token when there is one."""
     import logging
