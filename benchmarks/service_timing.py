@@ -1,9 +1,10 @@
 """The tuning service's own figures, on this machine: start-up time, submit-to-first-trial
 latency (and the part of it that is Ray's job server's own: a bare entrypoint's start), each
 job's own start-up phase, and the wall time of two jobs submitted together against the same
-two one after the other (``--pairs`` times, in turns, from a settled service); cold (``service start --warm-workers 0``: each job
-starts its own TensorFlow workers) and warm (the service's pool lends them). Starts a loopback
-service on free ports in a temporary directory for each, and stops it.
+two one after the other (``--pairs`` times, in turns, from a settled service); cold
+(``service start --warm-workers 0``: each job starts its own TensorFlow workers) and warm
+(the service's pool lends them). Starts a loopback service on free ports in a temporary
+directory for each, and stops it.
 
     python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20] [--pairs 2]
     python benchmarks/service_timing.py --table    # the README's table, from the results

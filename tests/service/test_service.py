@@ -136,9 +136,10 @@ def service(tmp_path_factory):
 @pytest.fixture(scope="module")
 def side_by_side(service):
     """Two tuning jobs and a crashing one, submitted at once. The tuning jobs search
-    ``ALIKE``, whose float32 variants cost what float32 costs: each job has finalists to
-    re-measure on any CPU (the default space's 16-bit configs can all be clearly slower
-    than float32, as on an AMD EPYC without AVX-512, and a job then times nothing)."""
+    six_alike (``SIDE_BY_SIDE``), whose float32 variants cost what float32 costs: each job
+    has finalists to re-measure on any CPU (the default space's 16-bit configs can all be
+    clearly slower than float32, as on an AMD EPYC without AVX-512, and a job then times
+    nothing)."""
     jobs = [service.submit("tiny_mlp", *SIDE_BY_SIDE) for _ in range(2)]
     crashing = service.submit("broken_build", "--trials", "3", "--steps", "10")
     statuses = {job: service.wait(job) for job in [*jobs, crashing]}

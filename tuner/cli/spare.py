@@ -11,10 +11,9 @@ exit status, passing Ray's stop signal on. The keeper starts a new spare for eac
 once no job runs on the node at all, in a spare or as its own process: a spare's imports are
 seconds of CPU, which would slow the jobs beside them and land in their timed phases (on a
 2-core node, a refill beside another job's re-measurement widened its intervals until the
-round cap). A job that finds no spare ready waits for one still importing, if any, or
-runs as its own process, paying its own imports.
-One job per spare: each job still runs in a process of its own, with nothing left over from
-another job.
+round cap). A job that finds no spare ready waits for one still importing, if any, or runs
+as its own process, paying its own imports. One job per spare: each job still runs in a
+process of its own, with nothing left over from another job.
 
     DIR/drivers/PID.starting   a spare importing (its socket, not yet taken: a job that finds
                                no spare ready waits for it, up to 20 s, rather than import)
