@@ -72,6 +72,20 @@ def _import_libraries() -> None:
     from mlflow.tracking.request_header.registry import resolve_request_headers
 
     resolve_request_headers()
+    freeze_imported()
+
+
+def freeze_imported() -> None:
+    """Collect once, then move every object alive now (the libraries' modules, classes and
+    caches: 290,000 tracked objects here) out of the garbage collector's reach (``gc.freeze``).
+    Without it a full collection scanned them all whenever the job's allocations triggered
+    one (0.20 s in a quiet process; 0.23-0.24 s with the job stopped, seen in most traced warm
+    jobs between the task check and the first trial). The workers do the same after their imports
+    (tuner.worker.startup); these objects live as long as the process anyway."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def serve(folder: Path) -> int:
