@@ -54,6 +54,11 @@ def table(results: dict) -> str:
     for name, seconds in cold["figures"].items():
         lines.append(f"| {name} | {seconds:.1f} | {warm['figures'][name]:.1f} | "
                      f"{warm['figures'][name] / seconds:.2f} |")
+    if "submit_to_first_trial_each" in warm:
+        lines.append("| submit to first trial opened, each single job | "
+                     + " | ".join(", ".join(f"{s:.1f}" for s in side.get(
+                         "submit_to_first_trial_each", [])) for side in (cold, warm))
+                     + " | |")
     lines.append("| two jobs: together / one after the other, median (each) | "
                  + " | ".join(_ratios(side) for side in (cold, warm)) + " | (ratios) |")
     return "\n".join(lines)
@@ -97,8 +102,11 @@ def ray_floor(jobs, folder: Path, wait) -> float:
     return float(stamp.read_text()) - began
 
 
-def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int) -> dict:
-    """One service, started, used and stopped: its figures in seconds."""
+def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int,
+             singles_count: int = 3) -> dict:
+    """One service, started, used and stopped: its figures in seconds. ``singles_count``
+    single jobs, each from a settled service, give the one-job figures (their medians: Ray's
+    floor alone moved 1.35-2.07 s between runs on one idle machine)."""
     folder = Path(tempfile.mkdtemp(prefix="pt-service-timing-"))
     print(f"{'warm' if warm else 'cold'}: the service's folder is {folder}", file=sys.stderr)
     service_dir = folder / "svc"
@@ -151,17 +159,33 @@ def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int) -> di
         figures["Ray's floor: submit to a bare entrypoint's start"] = statistics.median(
             ray_floor(jobs, folder, wait) for _ in range(3))
         submitted_at: list[float] = []
-        one, submitted = submit()
-        figures["submit to first trial opened"] = first_trial(one)
-        figures["one job, submit to done"] = wait(one) - submitted
-        figures["one job: outside its own clock"] = (figures["one job, submit to done"]
-                                                     - _timing(service_dir, one)["wall_s"])
-        figures["first job's start-up phase"] = _start_up_phase(service_dir, one)
-        pairs = _pairs(submit, wait, lambda: _settle(service_dir), repeats)
-        figures["a later job's start-up phase"] = _start_up_phase(
-            service_dir, pairs[0]["one after the other jobs"][-1])
+        singles = []
+        for index in range(max(1, singles_count)):
+            if index:
+                _settle(service_dir)
+            submitted_at.clear()
+            job, submitted = submit()
+            opened = first_trial(job)
+            done = wait(job) - submitted
+            singles.append({"job": job, "first trial": opened, "done": done,
+                            "outside": done - _timing(service_dir, job)["wall_s"],
+                            "start-up": _start_up_phase(service_dir, job),
+                            "phases": _timing(service_dir, job)["phases"]})
+        first_trials = [single["first trial"] for single in singles]
+        figures["submit to first trial opened"] = statistics.median(first_trials)
+        figures["one job, submit to done"] = statistics.median(s["done"] for s in singles)
+        figures["one job: outside its own clock"] = statistics.median(
+            s["outside"] for s in singles)
+        figures["first job's start-up phase"] = singles[0]["start-up"]
+        pairs = _pairs(submit, wait, lambda: _settle(service_dir), repeats) if repeats else []
+        later = [s["start-up"] for s in singles[1:]] or (
+            [_start_up_phase(service_dir, pairs[0]["one after the other jobs"][-1])]
+            if pairs else [])
+        if later:
+            figures["a later job's start-up phase"] = statistics.median(later)
+        print(f"  single jobs: {singles}", file=sys.stderr)
         print(f"  pairs: {pairs}", file=sys.stderr)
-        for name in ("one after the other", "together"):
+        for name in ("one after the other", "together") if pairs else ():
             figures[f"two jobs {name} (median)"] = statistics.median(
                 p[name] for p in pairs)
             figures[f"their re-measurements, {name} (median)"] = statistics.median(
@@ -170,7 +194,8 @@ def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int) -> di
         cli("service", "stop", "--dir", str(service_dir), env=env)
     ratios = sorted(p["together"] / p["one after the other"] for p in pairs)
     return {"figures": {name: round(seconds, 2) for name, seconds in figures.items()},
-            "together_over_sequential": round(statistics.median(ratios), 3),
+            "submit_to_first_trial_each": [round(s, 2) for s in sorted(first_trials)],
+            "together_over_sequential": round(statistics.median(ratios), 3) if ratios else None,
             "together_over_sequential_each": [round(r, 3) for r in ratios]}
 
 
@@ -230,6 +255,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2,
                         help="how many times to compare two jobs together with one after the "
                              "other (in turns) [default: %(default)s]")
+    parser.add_argument("--singles", type=int, default=3,
+                        help="how many single jobs (each from a settled service) give the "
+                             "one-job figures, their medians [default: %(default)s]")
     parser.add_argument("--only", choices=("cold", "warm"),
                         help="run one scenario and print it, keeping its folder for a look at "
                              "its jobs (the results file is not written)")
@@ -242,7 +270,7 @@ def main() -> None:
                "cpus": os.cpu_count(), "cpu": _cpu_model(), "measured": time.strftime("%Y-%m-%d")}
     for kind in (options.only,) if options.only else ("cold", "warm"):
         results[kind] = scenario(options.task, options.trials, options.steps, kind == "warm",
-                                 options.pairs)
+                                 options.pairs, options.singles)
         print(f"{kind}: {json.dumps(results[kind], indent=1)}", file=sys.stderr)
     if options.only:
         return

@@ -29,3 +29,8 @@ def test_the_readme_service_table_is_the_results_file_rendered():
         assert each == sorted(each) and len(each) >= 2
         assert results[kind]["together_over_sequential"] == pytest.approx(
             statistics.median(each), abs=0.001)
+        # The one-job latency is the median of several single jobs, each shown.
+        firsts = results[kind]["submit_to_first_trial_each"]
+        assert firsts == sorted(firsts) and len(firsts) >= 3
+        assert results[kind]["figures"]["submit to first trial opened"] == pytest.approx(
+            statistics.median(firsts), abs=0.01)
