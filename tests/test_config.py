@@ -44,6 +44,7 @@ def test_defaults_are_plain_float32():
     ({"policy": "mixed_bfloat16", "loss_scale": {"kind": "dynamic"}}, "only applies where"),
     ({"epsilon": {"backend": "tiny"}}, "backend='tiny'"),
     ({"float32": {"groups": ["convolution"]}}, "groups='convolution'"),
+    ({"float32": {"outputs": "yes"}}, "outputs='yes'"),
     ({"schema_version": 99}, "newer than"),
 ])
 def test_invalid_configs_are_rejected_with_the_bad_value(data, fragment):
@@ -85,3 +86,15 @@ def test_provenance_is_kept_but_not_part_of_equality():
     with_info = PrecisionConfig.from_dict({**FULL.to_dict(), "provenance": {"speedup": 2.0}})
     assert with_info == FULL
     assert with_info.to_dict()["provenance"] == {"speedup": 2.0}
+
+
+def test_float32_outputs_round_trip_and_read_in_the_description():
+    cfg = PrecisionConfig("mixed_bfloat16", float32=Float32Placement(("softmax",), (), True))
+    assert cfg.to_dict()["float32"] == {"groups": ["softmax"], "layers": [], "outputs": True}
+    assert PrecisionConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.describe() == "mixed_bfloat16 · f32: softmax,outputs"
+    # A config written before the field existed loads with float32 outputs off.
+    assert PrecisionConfig.from_dict({"policy": "mixed_bfloat16",
+                                      "float32": {"groups": [], "layers": []}}).float32.outputs \
+        is False
+

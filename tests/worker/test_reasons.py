@@ -133,3 +133,21 @@ def test_the_repair_keeps_the_rounding_layer_in_float32():
                                 "token_embedding")
     row = TrialRow(3, cfg, failed, Judgement(Verdict.FAILED, "integer rounding ...", None, None))
     assert repair_for(row).float32.layers == ("token_embedding",)
+
+
+def test_a_dtype_mismatch_outside_every_layer_is_repaired_with_float32_outputs():
+    from tuner.search.proposer import repair_for
+    from tuner.records.results import TrialRow
+    from tuner.judging.verdict import Judgement, Verdict
+
+    def row(cfg):
+        failed = TrialResult.failed(2, FailureClass.DTYPE_MISMATCH, "dtype mismatch ...", None)
+        return TrialRow(2, cfg, failed, Judgement(Verdict.FAILED, "dtype mismatch ...", None,
+                                                  None))
+
+    plain = PrecisionConfig("mixed_bfloat16", float32=Float32Placement(("softmax",), ("x",)))
+    repair = repair_for(row(plain))
+    assert repair.float32 == Float32Placement(("softmax",), ("x",), True)
+    assert repair.policy == "mixed_bfloat16"
+    assert repair_for(row(repair)) is None          # once: it failed with float32 outputs too
+

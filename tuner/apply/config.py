@@ -10,7 +10,7 @@ On disk (JSON or YAML)::
      "loss_scale": {"kind": "dynamic", "initial_scale": 32768, "growth_steps": 2000,
                     "value": null, "floor": 1.0},
      "epsilon": {"backend": null, "optimizer": 0.0001},
-     "float32": {"groups": ["softmax"], "layers": []},
+     "float32": {"groups": ["softmax"], "layers": [], "outputs": false},
      "provenance": {...}}          # optional, informative only
 
 Past 300 lines: the artifact's parts (loss scale, epsilon, float32 placement, the config and
@@ -138,12 +138,18 @@ class Epsilon:
 
 @dataclass(frozen=True)
 class Float32Placement:
-    """Layers that keep float32 compute: by class group and by layer-name/path glob pattern."""
+    """Layers that keep float32 compute: by class group and by layer-name/path glob pattern;
+    ``outputs``: the model's float outputs cast to float32, so that the loss, the metrics and a
+    custom ``train_step`` see float32 predictions (what Keras's mixed precision guide advises:
+    a hand-written ``y_true - y_pred`` with 16-bit predictions is a dtype error)."""
 
     groups: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
+    outputs: bool = False
 
     def validate(self, source: str = "config") -> None:
+        if not isinstance(self.outputs, bool):
+            raise _fail(source, "float32.outputs", self.outputs, "true or false")
         for group in self.groups:
             if group not in FLOAT32_GROUPS:
                 raise _fail(source, "float32.groups", group, f"one of {', '.join(FLOAT32_GROUPS)}")
@@ -152,7 +158,8 @@ class Float32Placement:
                 raise _fail(source, "float32.layers", pattern, "a non-empty layer name or glob")
 
     def describe(self) -> str:
-        parts = [_GROUP_ABBREVIATIONS[g] for g in self.groups] + list(self.layers)
+        parts = [_GROUP_ABBREVIATIONS[g] for g in self.groups] + list(self.layers) \
+            + (["outputs"] if self.outputs else [])
         return "f32: " + ",".join(parts) if parts else ""
 
 
@@ -224,7 +231,8 @@ class PrecisionConfig:
                            "value": self.loss_scale.value,
                            "floor": self.loss_scale.floor},
             "epsilon": {"backend": self.epsilon.backend, "optimizer": self.epsilon.optimizer},
-            "float32": {"groups": list(self.float32.groups), "layers": list(self.float32.layers)},
+            "float32": {"groups": list(self.float32.groups), "layers": list(self.float32.layers),
+                        "outputs": self.float32.outputs},
             "weight_update": self.weight_update,
         }
         if self.provenance:
@@ -251,7 +259,8 @@ class PrecisionConfig:
             loss_scale["initial_scale"] = float(loss_scale["initial_scale"])
         epsilon = _check_keys(data.get("epsilon", {}), tuple(Epsilon.__annotations__), source,
                               "epsilon")
-        placement = _check_keys(data.get("float32", {}), ("groups", "layers"), source, "float32")
+        placement = _check_keys(data.get("float32", {}), ("groups", "layers", "outputs"), source,
+                                "float32")
         for key in ("groups", "layers"):
             if not isinstance(placement.get(key, []), (list, tuple)):
                 raise _fail(source, f"float32.{key}", placement.get(key), "a list")
@@ -263,7 +272,8 @@ class PrecisionConfig:
                             ("loss_scale", LossScale(**loss_scale)),
                             ("epsilon", Epsilon(**epsilon)),
                             ("float32", Float32Placement(tuple(placement.get("groups", ())),
-                                                         tuple(placement.get("layers", ())))),
+                                                         tuple(placement.get("layers", ())),
+                                                         placement.get("outputs", False))),
                             ("weight_update", data.get("weight_update", "nearest")),
                             ("provenance", dict(provenance))):
             object.__setattr__(config, name, value)

@@ -206,6 +206,7 @@ class Float32Placer:
         self.policy = cfg.policy
         self.groups = tuple(cfg.float32.groups)
         self.patterns = tuple(cfg.float32.layers)
+        self.outputs = cfg.float32.outputs and cfg.compute_dtype != _FLOAT32
         self._constructed: list[weakref.ref] = []
         self._explicit: weakref.WeakSet = weakref.WeakSet()
         self._decided: weakref.WeakSet = weakref.WeakSet()
@@ -222,7 +223,7 @@ class Float32Placer:
 
     @property
     def placing(self) -> bool:
-        return bool(self.groups or self.patterns)
+        return bool(self.groups or self.patterns or self.outputs)
 
     # -- plain-data answers ----------------------------------------------------------------
     def report(self) -> dict[str, dict[str, list[str]]]:
@@ -247,6 +248,8 @@ class Float32Placer:
             self._explicit.add(layer)  # the user (or a parent layer) chose this dtype
         self._constructed.append(weakref.ref(layer))
         self._wrap_build(layer)
+        if self.outputs and isinstance(layer, keras.Model):
+            _cast_outputs_to_float32(layer)
 
     def _wrap_build(self, layer: keras.layers.Layer) -> None:
         keras_build = layer.build
@@ -419,6 +422,36 @@ class Float32Placer:
             warnings.warn(f"float32 layer pattern {pattern!r} matches no layer of the model, so "
                           f"it places nothing.{hint} Fix the pattern (a glob on layer names and "
                           "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
+
+
+def _cast_outputs_to_float32(model: keras.Model) -> None:
+    """``float32.outputs``: the model's float outputs come out in float32 (Keras's mixed
+    precision guide ends a model with a float32 layer for this), so the loss, the metrics and a
+    custom ``train_step`` compute with float32 predictions. Only where the model is the
+    outermost layer of the call (Keras's call context: its ``entry_layer``): a nested model's
+    outputs feed 16-bit layers, or a parent's raw ops, and stay as they are. Wraps the model's
+    ``call`` (an instance attribute, as the placements' hand-back does) when it is constructed,
+    so it holds inside the scope (where the tuner's worker trains) and after it."""
+    from keras.src.backend.common import global_state
+
+    keras_call = model.call
+
+    def to_float32(value: Any) -> Any:
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or not keras.backend.is_float_dtype(dtype) \
+                or keras.backend.standardize_dtype(dtype) == _FLOAT32:
+            return value
+        return keras.ops.cast(value, _FLOAT32)
+
+    @functools.wraps(keras_call)
+    def call(*args, **kwargs):
+        output = keras_call(*args, **kwargs)
+        context = global_state.get_global_attribute("current_call_ctx")
+        if context is not None and context.entry_layer is not model:
+            return output
+        return keras.tree.map_structure(to_float32, output)
+
+    object.__setattr__(model, "call", call)
 
 
 def _runs_a_graph(layer: keras.layers.Layer) -> bool:

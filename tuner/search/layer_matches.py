@@ -29,7 +29,7 @@ def effective_placement(config: PrecisionConfig, matches: Mapping[str, Any]) -> 
         if any(not _inside_any(path, placed) for path in paths):
             patterns.append(pattern)
             placed += paths
-    return Float32Placement(groups, tuple(patterns))
+    return Float32Placement(groups, tuple(patterns), config.float32.outputs)
 
 
 def placed_layers(config: PrecisionConfig, matches: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.apply.config import PrecisionConfig
 from tuner.search.space import SearchSpace, effective_placement
 from tuner.trial_types import FailureClass
 from tuner.judging.verdict import Verdict
@@ -210,14 +210,24 @@ def repair_for(row) -> PrecisionConfig | None:
     one trial. So is the layer whose output first went non-finite in a 16-bit forward pass
     (an overflow inside it, a hand-written softmax's ``exp``), once: the next layer's overflow
     after that repair is left to the search's float32 placements, so that a chain of layers
-    cannot spend the whole budget on repairs."""
+    cannot spend the whole budget on repairs. A dtype mismatch outside every layer gets the
+    config with float32 outputs (``float32.outputs``), once."""
     layer = row.result.failure_layer
+    if row.config.policy == "float32":
+        return None
+    if row.result.failure_class is FailureClass.DTYPE_MISMATCH and not layer \
+            and not row.config.float32.outputs:
+        # Outside every layer: the loss, a metric or a custom train_step mixing 16-bit
+        # predictions with float32 targets. Float32 outputs are Keras's own advice for that.
+        return dataclasses.replace(row.config, float32=dataclasses.replace(
+            row.config.float32, outputs=True))
     repairable = row.result.failure_class in REPAIRABLE or (
         row.result.first_non_finite_step is not None and not row.repair)
     if (not repairable or not layer
             or layer in row.config.float32.layers or row.config.policy == "float32"):
         return None
-    placement = Float32Placement(row.config.float32.groups, row.config.float32.layers + (layer,))
+    placement = dataclasses.replace(row.config.float32,
+                                    layers=row.config.float32.layers + (layer,))
     return dataclasses.replace(row.config, float32=placement)
 
 

@@ -182,9 +182,12 @@ def classify(exc: BaseException, *, stage: str, layer_paths: Sequence[str] = (),
             where = (f" in layer {layer} (its add_loss term is 16-bit; the model sums it with "
                      "float32 losses)")
             keep = f"keep {layer} in float32 (float32.layers: [{layer}])"
+        fix = f"{keep} or cast its inputs"
+        if layer is None:  # in the loss, a metric or a train_step: the predictions' dtype
+            fix = ("float32 outputs (float32.outputs: true: the loss and metrics then see "
+                   "float32 predictions), or cast the predictions there")
         return (FailureClass.DTYPE_MISMATCH,
-                f"dtype mismatch{where}: {reading.message}{at}; fix: {keep} or cast its inputs",
-                layer)
+                f"dtype mismatch{where}: {reading.message}{at}; fix: {fix}", layer)
     if _INDEX_PATTERN.search(text):
         return (FailureClass.INDEX_OUT_OF_RANGE,
                 f"index out of range{where}: {reading.message}{at}; fix: if the ids reach "
