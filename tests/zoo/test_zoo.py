@@ -22,9 +22,12 @@ MODELS = sorted(path.stem for path in ZOO.glob("*.py")
                 if not path.stem.startswith(("test_", "_")))
 # What a 16-bit trial of each model needs beyond float32 softmax: add_loss's regularization
 # term must not be 16-bit next to the float32 weight-decay term Keras sums it with;
-# float_token_ids: its ids come as floats, which 16-bit would round (see test_reasons).
+# float_token_ids: its ids come as floats, which 16-bit would round (see test_reasons);
+# custom_metric: its metric subtracts the predictions from float32 targets, which needs float32
+# outputs (``model.fit`` fails without them too: test_keras_apply).
 EXTRA_FLOAT32_LAYERS = {"add_loss": ("activity_regularization",),
                         "float_token_ids": ("token_embedding",)}
+FLOAT32_OUTPUTS = {"custom_metric"}
 
 
 def test_the_zoo_is_all_there():
@@ -99,7 +102,8 @@ def _trial(name, cfg, steps=8):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_each_model_trains_in_float32_and_in_bfloat16(name):
-    placement = Float32Placement(("softmax",), EXTRA_FLOAT32_LAYERS.get(name, ()))
+    placement = Float32Placement(("softmax",), EXTRA_FLOAT32_LAYERS.get(name, ()),
+                                 name in FLOAT32_OUTPUTS)
     for cfg in (PrecisionConfig(), PrecisionConfig("mixed_bfloat16", float32=placement)):
         result = _trial(name, cfg)
         assert result.outcome is TrialOutcome.COMPLETED, (cfg.describe(), result.failure_message)

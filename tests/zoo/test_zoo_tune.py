@@ -86,7 +86,7 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
         assert trials[1]["result"]["failure_class"] == failure_class
         if layer is None:
             assert trials[1]["result"]["failure_layer"] is None, trials[1]["reason"]
-            assert "fix: float32 outputs (float32.outputs: true)" in trials[1]["reason"]
+            assert "fix: float32 outputs (float32.outputs: true" in trials[1]["reason"]
             assert trials[2]["config"]["float32"]["outputs"] is True   # the repair
         else:
             assert trials[1]["result"]["failure_layer"].endswith(layer)
