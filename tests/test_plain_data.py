@@ -59,3 +59,15 @@ def test_task_file_must_exist(tmp_path):
     with pytest.raises(TaskError, match="task file not found"):
         check_task_file(tmp_path / "absent.py")
     assert check_task_file("examples/digits_mlp.py").name == "digits_mlp.py"
+
+
+def test_a_worker_error_reads_as_its_own_type_and_first_line():
+    from tuner.errors import error_line
+
+    assert error_line(ValueError("No loss to compute.\nmore")) == "ValueError: No loss to compute."
+    ray = pytest.importorskip("ray")
+    wrapped = ray.exceptions.RayTaskError(
+        "probe", "Traceback (most recent call last): ...", ValueError("No loss to compute."),
+        actor_repr="<tuner.execution.ray_actor.TrialActor object>")
+    assert "No loss" not in str(wrapped).splitlines()[0]    # what the check used to print
+    assert error_line(wrapped) == "ValueError: No loss to compute."

@@ -57,3 +57,11 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's first non-empty message line (its type name when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line`` of what a worker raised. A Ray task error's own text begins with
+    the actor's repr (``ray::TrialActor.probe() (pid=...)``), so its ``cause`` is read."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
+    return f"{type(exc).__name__}: {first_line(exc)}"

@@ -26,3 +26,70 @@ def test_the_task_check_says_whether_the_optimizer_has_an_epsilon(tmp_path, opti
     path.write_text(TASK + f"def make_optimizer():\n    return keras.optimizers.{optimizer}\n")
     info = probe_task(str(path), steps=2)
     assert info["optimizer"] == {"class": optimizer.split("(")[0], "epsilon": has_epsilon}
+
+
+# Data without labels, as ``model.fit(x)`` takes it: an autoencoder whose train_step computes
+# its own loss (LOSS = None), fed a dataset of x alone or an array of x alone.
+UNLABELLED = """
+import keras, numpy as np, tensorflow as tf
+LOSS = None
+BATCH_SIZE = 16
+X = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+class AutoEncoder(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.code = keras.layers.Dense(2)
+        self.back = keras.layers.Dense(4)
+        self.tracker = keras.metrics.Mean(name="loss")
+    def call(self, x):
+        return self.back(self.code(x))
+    def train_step(self, data):
+        assert not isinstance(data, tuple), "fit hands a dataset of x the x itself"
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.ops.square(self(data) - data))
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply(grads, self.trainable_weights)
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+def build_model():
+    return AutoEncoder()
+"""
+
+
+@pytest.mark.parametrize("data", ["tf.data.Dataset.from_tensor_slices(X).batch(16)", "X"])
+def test_data_without_labels_trains_and_the_diagnostics_say_why_they_are_not_taken(tmp_path,
+                                                                                    data):
+    from tuner.apply.config import PrecisionConfig
+    from tuner.records.diagnostics_report import conclusions
+    from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.trial import run_trial
+
+    path = tmp_path / f"unlabelled_{'array' if data == 'X' else 'dataset'}.py"
+    path.write_text(UNLABELLED + f"def train_data():\n    return {data}\n")
+    batches = fixed_batches(load_task(str(path)), 3)
+    assert [len(batch) for batch in batches] == [1, 1, 1]          # (x,): no y, no weights
+    info = probe_task(str(path), steps=3, diagnose_steps=2)
+    assert info["style"] == "subclassed"
+    assert info["diagnostics"]["unavailable"].startswith("the task's LOSS is None")
+    assert conclusions(info["diagnostics"])[0].startswith("not taken: the task's LOSS is None")
+    spec = TrialSpec(0, str(path), PrecisionConfig().to_dict(), 6, 2)
+    result = TrialResult.from_dict(run_trial(spec.to_dict()))
+    assert result.outcome is TrialOutcome.COMPLETED, result.failure_message
+    assert len(result.losses) == 6
+
+
+def test_diagnostics_that_fail_on_a_model_are_reported_not_raised(tmp_path, monkeypatch):
+    from tuner.worker import diagnose
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an exotic model the diagnostics cannot trace\nsecond line")
+
+    monkeypatch.setattr(diagnose, "diagnose_model", broken)
+    path = tmp_path / "task_plain.py"
+    path.write_text(TASK)
+    info = probe_task(str(path), steps=2, diagnose_steps=2)
+    diagnostics = info["diagnostics"]
+    assert diagnostics["unavailable"] == \
+        "RuntimeError: an exotic model the diagnostics cannot trace"
+    assert diagnostics["candidates"] == [] and diagnostics["loss_scale"]["initial_scale"] > 0

@@ -32,6 +32,7 @@ EXPECTED_FAILURES = {
     "add_loss": ("dtype_mismatch", "activity_regularization"),   # its add_loss term is 16-bit
     "float_token_ids": ("integer_rounding", "token_embedding"),  # ids up to 4999 as floats
     "custom_metric": ("dtype_mismatch", None),   # its metric subtracts 16-bit predictions
+    "vae": ("dtype_mismatch", "sampling"),       # float32 noise added to a 16-bit mean
 }
 # Models whose short bf16 trial validates on either side of the allowance: guide_train_step's
 # was stable in most runs, and in one fresh-clone run of the whole suite it validated at
@@ -104,6 +105,9 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     validation = trials[0]["result"]["validation"]
     if name == "sample_weights":  # its `metrics` property hides Keras's loss tracker
         assert "does not compute it" in validation["error"], validation
+    elif name == "vae":           # no compiled loss, no test_step: evaluate has no loss either
+        assert "No loss to compute" in validation["error"], validation
+        assert diagnostics["unavailable"].startswith("the task's LOSS is None")
     else:
         assert validation["source"] == "held-back" and validation["loss"] > 0, validation
     best = PrecisionConfig.load(plan.run_dir / "best_precision.json")

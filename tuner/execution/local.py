@@ -17,7 +17,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Sequence
 
-from tuner.errors import TrialInfrastructureError, TunerError, first_line
+from tuner.errors import TrialInfrastructureError, TunerError, error_line
 from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.worker import process as worker_process
@@ -86,7 +86,7 @@ class LocalProcessExecutor:
             raise TrialInfrastructureError(
                 f"the worker process crashed during {what}; see " + self.log_path) from None
         except Exception as exc:  # noqa: BLE001 - the same as on Ray: not the user's input
-            raise TrialInfrastructureError(f"{what} failed: {first_line(exc)}") from None
+            raise TrialInfrastructureError(f"{what} failed: {error_line(exc)}") from None
 
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tuner import job_context
-from tuner.errors import TaskError, TrialInfrastructureError, TunerError, UsageError, first_line
+from tuner.errors import (TaskError, TrialInfrastructureError, TunerError, UsageError, error_line,
+                          first_line)
 from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.execution.ray_actor import trial_actor_class
@@ -220,7 +221,7 @@ class RayExecutor:
             for kind in (TaskError, UsageError, TunerError):
                 if isinstance(cause, kind):
                     raise kind(str(cause.args[0]) if cause.args else str(cause)) from None
-            raise TrialInfrastructureError(f"{what} failed: {first_line(cause)}") from None
+            raise TrialInfrastructureError(f"{what} failed: {error_line(exc)}") from None
         except ray.exceptions.GetTimeoutError:
             self._replace(slot)
             raise TrialInfrastructureError(f"{what} took longer than {timeout_s:.0f} s "
@@ -615,3 +616,4 @@ class _ExclusiveSession:
             except Exception:  # noqa: BLE001 - the job's end kills the actor anyway
                 pass
         self._slot = None
+

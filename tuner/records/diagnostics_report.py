@@ -88,6 +88,9 @@ def describe_continuous(entry: dict[str, Any]) -> str:
 
 
 def conclusions(diagnostics: dict[str, Any]) -> list[str]:
+    if diagnostics.get("unavailable"):
+        return [f"not taken: {diagnostics['unavailable']}; the search runs on the space as "
+                "written, with Keras's initial loss scale"]
     scale = diagnostics["loss_scale"]
     lines = []
     candidates = diagnostics["candidates"]

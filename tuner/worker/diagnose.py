@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import numpy as np
+from tuner.errors import first_line
 from tuner.judging.underflow import flushed_fraction
 from tuner.worker.trial import reset_keras_state
 
@@ -125,7 +126,22 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
     from tuner.worker.task_loader import fixed_batches, load_task
     reset_keras_state(seed)
     task = load_task(task_path)
-    return diagnose_model(task, task.build_model(), fixed_batches(task, max(steps, 1)), steps)
+    return diagnostics_or_why(task, task.build_model(), fixed_batches(task, max(steps, 1)),
+                              steps)
+
+
+def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]:
+    """``diagnose_model``'s diagnostics, or where they cannot be taken on this model, why
+    (``unavailable``): they trace gradients of the compiled loss outside ``train_step``, which
+    a model that computes its loss in its own ``train_step`` (``LOSS = None``: the Keras
+    guide's VAE) does not have. They inform the search; the trials still judge every config."""
+    if task.loss is None:
+        return unavailable(task, steps, "the task's LOSS is None (its train_step computes the "
+                                        "loss), so gradients cannot be traced outside it")
+    try:
+        return diagnose_model(task, model, batches, steps)
+    except Exception as exc:  # noqa: BLE001 - a courtesy to the search, never its end
+        return unavailable(task, steps, f"{type(exc).__name__}: {first_line(exc, 200)}")
 
 
 def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
@@ -146,6 +162,15 @@ def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured:
         if name is not None and gradient is not None:
             records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
                                                       tensor_stats(gradient))
+
+
+def unavailable(task, steps: int, why: str) -> dict[str, Any]:
+    """Diagnostics that could not be taken (``why``): no layer, no candidate, Keras's own
+    initial loss scale. The search then runs on the space as written."""
+    return {"task": str(task.path), "steps": steps, "layers": [], "candidates": [],
+            "integer_inputs": [], "continuous_inputs": [],
+            "loss_scale": recommend_loss_scale(0.0, 0.0),
+            "gradient_abs_max": 0.0, "gradient_p01_nonzero": 0.0, "unavailable": why}
 
 
 def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:

@@ -59,10 +59,10 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     largest = largest_kernel(model, info["batch_size"]) if ceiling else None
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
-        from tuner.worker.diagnose import diagnose_model
-
         started = time.perf_counter()
-        info["diagnostics"] = diagnose_model(task, model, batches, diagnose_steps)
+        from tuner.worker.diagnose import diagnostics_or_why
+
+        info["diagnostics"] = diagnostics_or_why(task, model, batches, diagnose_steps)
         info["diagnostics_s"] = time.perf_counter() - started
     reset_keras_state(0)
     if ceiling:

@@ -60,8 +60,11 @@ def batch_dataset(batches, steps: int):
 
     kept = _STACKED.get(id(batches))
     if kept is None or kept[0] is not batches:
+        # Data without labels is kept as (x,) batches and fed as x, as fit feeds an array or
+        # a dataset of x (a dataset of 1-tuples too, which fit would hand over as (x,)).
         stacked = tf.nest.map_structure(lambda *parts: tf.stack(parts),
-                                        *[tuples(batch) for batch in batches])
+                                        *[tuples(batch[0] if len(batch) == 1 else batch)
+                                          for batch in batches])
         kept = _STACKED[id(batches)] = (batches, stacked)
     # Without tf.data's autotuning (nothing here to tune: the batches are in memory): its
     # thread held ``fit`` 0.2-0.55 s past the last step of one run in two, as it shut down.

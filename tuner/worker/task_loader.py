@@ -148,8 +148,10 @@ def fixed_batches(task: Task, steps: int) -> list[tuple]:
     """The first ``steps`` full batches of the task's data, as tensors, in a fixed order.
 
     Each batch keeps the structure the task's data has, as ``model.fit`` would hand it to
-    ``train_step``: ``(x, y)``, or ``(x, y, sample_weight)`` where the data has sample weights
-    (``keras.utils.unpack_x_y_sample_weight`` takes either apart).
+    ``train_step``: ``(x, y)``, or ``(x, y, sample_weight)`` where the data has sample weights,
+    or ``(x,)`` where it has no labels (an autoencoder's custom ``train_step``; the dataset
+    then yields x itself, as the task's did: ``tuner.worker.steps.batch_dataset``).
+    ``keras.utils.unpack_x_y_sample_weight`` takes any of them apart.
     Materialised once per worker so that every trial sees exactly the same data in the same
     order (a reshuffling ``tf.data`` pipeline would otherwise differ between trials). Batches
     whose size differs from the first (a partial last batch) are dropped: they would force a
@@ -184,8 +186,10 @@ def _data_of(task: Task, function, name: str):
     except Exception as exc:
         raise TaskError(f"{name} in {task.path.name} raised {type(exc).__name__}: "
                         f"{first_line(exc)}. Fix the task file.") from exc
+    if isinstance(data, np.ndarray):   # x alone, as model.fit(x) takes it (no labels)
+        return (data,)
     if not isinstance(data, tf.data.Dataset) and not (isinstance(data, (tuple, list))
-                                                        and len(data) in (2, 3)):
+                                                        and len(data) in (1, 2, 3)):
         raise TaskError(f"{name} in {task.path.name} must return a batched tf.data.Dataset "
                         f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
     return data
@@ -313,8 +317,10 @@ def _scan_dataset(task: Task, dataset, count: int, source: str) -> tuple[list[tu
     seen = 0
     for element in dataset.take(count * 4):
         seen += 1
-        if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
-            raise TaskError(f"{source} in {task.path.name} must yield (x, y) or "
+        if not isinstance(element, (tuple, list)):
+            element = (element,)      # x alone (a dict of inputs too): fit trains on it
+        if len(element) not in (1, 2, 3):
+            raise TaskError(f"{source} in {task.path.name} must yield x, (x, y) or "
                             f"(x, y, sample_weight) batches. Received an element: "
                             f"{describe(element)}")
         element = tuple(element)
