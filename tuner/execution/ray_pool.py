@@ -616,4 +616,3 @@ class _ExclusiveSession:
             except Exception:  # noqa: BLE001 - the job's end kills the actor anyway
                 pass
         self._slot = None
-

@@ -223,8 +223,7 @@ def repair_for(row) -> PrecisionConfig | None:
             row.config.float32, outputs=True))
     repairable = row.result.failure_class in REPAIRABLE or (
         row.result.first_non_finite_step is not None and not row.repair)
-    if (not repairable or not layer
-            or layer in row.config.float32.layers or row.config.policy == "float32"):
+    if not repairable or not layer or layer in row.config.float32.layers:
         return None
     placement = dataclasses.replace(row.config.float32,
                                     layers=row.config.float32.layers + (layer,))

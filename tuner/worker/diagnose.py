@@ -135,13 +135,15 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
     (``unavailable``): they trace gradients of the compiled loss outside ``train_step``, which
     a model that computes its loss in its own ``train_step`` (``LOSS = None``: the Keras
     guide's VAE) does not have. They inform the search; the trials still judge every config."""
-    if task.loss is None:
-        return unavailable(task, steps, "the task's LOSS is None (its train_step computes the "
-                                        "loss), so gradients cannot be traced outside it")
     try:
         return diagnose_model(task, model, batches, steps)
     except Exception as exc:  # noqa: BLE001 - a courtesy to the search, never its end
-        return unavailable(task, steps, f"{type(exc).__name__}: {first_line(exc, 200)}")
+        # Without a compiled loss only add_loss terms can be traced (Keras: "No loss to
+        # compute"): say what that means for the task, not what Keras said.
+        why = ("the task's LOSS is None (its train_step computes the loss), so gradients "
+               "cannot be traced outside it") if task.loss is None \
+            else f"{type(exc).__name__}: {first_line(exc, 200)}"
+        return unavailable(task, steps, why)
 
 
 def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
