@@ -127,3 +127,21 @@ def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
                                  lambda: fetched.append(1) or put[0])
     assert len(fetched) == 1
     assert Path(task_loader.task_file_here(elsewhere)).read_text() == put[0]
+
+
+def test_loss_none_is_a_choice_and_a_missing_loss_is_refused(tmp_path):
+    """``loss=None`` (a train_step that computes its own loss, the Keras guide's VAE) is
+    written into the task as ``LOSS = None``, with data that has no labels; leaving ``loss``
+    out is still refused."""
+    import numpy as np
+
+    from tuner.api.task_writer import task_objects, write_task
+    from tuner.worker.task_loader import load_task
+
+    with pytest.raises(UsageError, match="missing: loss"):
+        tuner.tune(build_model=lambda: None, train_data=([1.0], [1.0]), run_dir=tmp_path / "r")
+    images = np.zeros((8, 4), "float32")
+    path = write_task(tmp_path / "task.py", task_objects(lambda: None, images, None))
+    task = load_task(str(path))
+    assert task.loss is None
+    assert np.array_equal(task.train_data(), images)

@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from tuner.api.result import BEST_FILE, TuneResult
-from tuner.api.task_writer import task_objects, write_task
+from tuner.api.task_writer import LOSS_NOT_GIVEN, task_objects, write_task
 from tuner.api.tune_job import run_tune
 from tuner.api.options import parse_tune_keywords
 from tuner import interrupt
 from tuner.errors import UsageError
 
 
-def tune(task: str | Path | None = None, *, build_model=None, train_data=None, loss=None,
-         optimizer=None, val_data=None, metrics=None, batch_size: int | None = None,
-         **options: Any) -> TuneResult:
+def tune(task: str | Path | None = None, *, build_model=None, train_data=None,
+         loss=LOSS_NOT_GIVEN, optimizer=None, val_data=None, metrics=None,
+         batch_size: int | None = None, **options: Any) -> TuneResult:
     """Tune ``task`` (a task file's path), or the model ``build_model`` builds, trained on
-    ``train_data`` (arrays ``(x, y)``, or a function returning them or a dataset) with ``loss``;
+    ``train_data`` (arrays ``(x, y)`` or x alone, or a function returning them or a dataset)
+    with ``loss`` (``None``: the model's ``train_step`` computes its own, as in
+    ``compile(loss=None)``);
     ``optimizer`` is a function returning a new optimizer [default: Adam(1e-3)], ``val_data``
     as ``train_data``. ``options``: the CLI's, e.g. ``space="quick"``, ``trials=6``,
     ``executor="local"``, ``run_dir=...``; the exported config goes to the run directory
@@ -35,7 +37,8 @@ def tune(task: str | Path | None = None, *, build_model=None, train_data=None, l
     given = [name for name, value in (("build_model", build_model), ("train_data", train_data),
                                       ("loss", loss), ("optimizer", optimizer),
                                       ("val_data", val_data), ("metrics", metrics),
-                                      ("batch_size", batch_size)) if value is not None]
+                                      ("batch_size", batch_size))
+             if value is not (LOSS_NOT_GIVEN if name == "loss" else None)]
     if task is not None and given:
         raise UsageError(f"tune(): pass a task file or the task's objects, not both. Received: "
                          f"a task file and {', '.join(given)}")

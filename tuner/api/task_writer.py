@@ -28,6 +28,17 @@ BATCH_SIZE = _TASK["BATCH_SIZE"]
 _OPTIONAL = ("make_optimizer", "val_data", "METRICS")
 
 
+class _NotGiven:
+    """``tune()``'s default ``loss``: none given. ``loss=None`` itself is a choice, as in
+    ``compile(loss=None)``: a model whose ``train_step`` computes its own loss."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+LOSS_NOT_GIVEN = _NotGiven()
+
+
 class Returns:
     """A data function for arrays given as values: ``train_data=(x, y)``."""
 
@@ -50,11 +61,12 @@ def _data_function(name: str, value: Any) -> Callable[[], Any]:
 def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, metrics=None,
                  batch_size=None) -> dict[str, Any]:
     """The task contract's names for these objects, checked: one-line UsageErrors."""
-    missing = [name for name, value in (("build_model", build_model), ("train_data", train_data),
-                                        ("loss", loss)) if value is None]
+    missing = [name for name, value in (("build_model", build_model), ("train_data", train_data))
+               if value is None] + (["loss"] if loss is LOSS_NOT_GIVEN else [])
     if missing:
         raise UsageError(f"tune() without a task file needs build_model, train_data and loss; "
-                         f"missing: {', '.join(missing)}. Pass them, or a task file path.")
+                         f"missing: {', '.join(missing)}. Pass them (loss=None for a train_step "
+                         "that computes its own loss), or a task file path.")
     if not callable(build_model):
         raise UsageError(f"tune(): build_model must be a function returning a new, uncompiled "
                          f"Keras model. Received: build_model={build_model!r:.80}")
@@ -66,7 +78,8 @@ def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, m
                "LOSS": loss, "BATCH_SIZE": 32 if batch_size is None else batch_size,
                "make_optimizer": optimizer, "val_data": _data_function("val_data", val_data),
                "METRICS": metrics}
-    return {name: value for name, value in objects.items() if value is not None}
+    return {name: value for name, value in objects.items()
+            if value is not None or name == "LOSS"}
 
 
 def write_task(path: Path, objects: dict[str, Any]) -> Path:
