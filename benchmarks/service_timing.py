@@ -167,10 +167,11 @@ def scenario(task: str, trials: str, steps: str, warm: bool, repeats: int,
             job, submitted = submit()
             opened = first_trial(job)
             done = wait(job) - submitted
+            timing = _timing(service_dir, job)
             singles.append({"job": job, "first trial": opened, "done": done,
-                            "outside": done - _timing(service_dir, job)["wall_s"],
-                            "start-up": _start_up_phase(service_dir, job),
-                            "phases": _timing(service_dir, job)["phases"]})
+                            "outside": done - timing["wall_s"],
+                            "start-up": timing["phases"]["start-up"],
+                            "phases": timing["phases"]})
         first_trials = [single["first trial"] for single in singles]
         figures["submit to first trial opened"] = statistics.median(first_trials)
         figures["one job, submit to done"] = statistics.median(s["done"] for s in singles)

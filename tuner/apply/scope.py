@@ -381,10 +381,7 @@ class Float32Placer:
 
     def _cast_for(self, owner: keras.layers.Layer, value: Any) -> Any:
         target = owner.compute_dtype
-        dtype = getattr(value, "dtype", None)
-        if dtype is None or not keras.backend.is_float_dtype(target) \
-                or not keras.backend.is_float_dtype(dtype) \
-                or keras.backend.standardize_dtype(dtype) == target:
+        if not _float_needing_cast(value, target):
             return value
         cast = keras.ops.cast(value, target)
         if owner in self._returning_originals:  # it may return it: give it the original
@@ -430,6 +427,14 @@ class Float32Placer:
                           "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
 
 
+def _float_needing_cast(value: Any, target: str) -> bool:
+    """A float tensor whose dtype is not the float dtype ``target``."""
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and keras.backend.is_float_dtype(target) \
+        and keras.backend.is_float_dtype(dtype) \
+        and keras.backend.standardize_dtype(dtype) != target
+
+
 def _cast_outputs_to_float32(model: keras.Model) -> None:
     """``float32.outputs``: the model's float outputs come out in float32 (Keras's mixed
     precision guide ends a model with a float32 layer for this), so the loss, the metrics and a
@@ -443,11 +448,8 @@ def _cast_outputs_to_float32(model: keras.Model) -> None:
     keras_call = model.call
 
     def to_float32(value: Any) -> Any:
-        dtype = getattr(value, "dtype", None)
-        if dtype is None or not keras.backend.is_float_dtype(dtype) \
-                or keras.backend.standardize_dtype(dtype) == _FLOAT32:
-            return value
-        return keras.ops.cast(value, _FLOAT32)
+        return keras.ops.cast(value, _FLOAT32) if _float_needing_cast(value, _FLOAT32) \
+            else value
 
     @functools.wraps(keras_call)
     def call(*args, **kwargs):
