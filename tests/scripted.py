@@ -27,6 +27,10 @@ class Machine:
     drift: float = 0.05                              # run-to-run spread (sigma, relative)
     jitter: float = 0.03                             # step-to-step spread within a run
     first_run_penalty: float = 1.0                   # a fresh worker's first run is slower
+    # The level a tune finds the 16-bit configs at: drawn once per machine (one tune) as
+    # lognormal(0, level_drift) on their step time, alike in all its runs, so its rounds
+    # cannot see it (the minute-to-minute move tuner.judging.noise's RUN_DRIFT_SD allows for).
+    level_drift: float = 0.0
     seed: int = 0
     fail: Callable[[PrecisionConfig, TrialSpec, bool], TrialResult | None] = \
         lambda config, spec, exclusive: None
@@ -38,9 +42,11 @@ class Machine:
     # this run (a config that trains to a worse level later on).
     train_offset: Callable[[PrecisionConfig, int], float] = lambda config, steps: 0.0
     rng: random.Random = field(init=False)
+    level: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.level = random.Random(self.seed + 10_000).lognormvariate(0.0, self.level_drift)
 
     def run(self, spec: TrialSpec, *, exclusive: bool, first: bool,
             trained: int = 0) -> TrialResult:
@@ -51,6 +57,8 @@ class Machine:
             return failed
         steps = spec.steps if spec.train_to is None else max(0, spec.train_to - trained)
         scale = self.step_ms(config) * self.rng.lognormvariate(0.0, self.drift)
+        if config.policy != "float32":
+            scale *= self.level
         if first:
             scale *= self.first_run_penalty
         times = ([scale * 5.0] if steps else []) + [
@@ -155,7 +163,7 @@ def space_file(tmp_path: Path, text: str, name: str = "space"):
 def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: bool = False,
                   min_gain: float = 0.03, seed: int = 0, finalists: int = 3,
                   remeasurement: Remeasurement | None = None, objective: str = "speed",
-                  memory_slack: float = 0.10) -> Scheduler:
+                  memory_slack: float = 0.10, run_drift: float = 0.0) -> Scheduler:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -164,7 +172,7 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                    steps=20, seed=seed, tolerance=0.9, exhaustive=exhaustive,
                    tracking_uri=None, resume=False, finalists=finalists, min_gain=min_gain,
                    remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
-                   objective=objective, memory_slack=memory_slack)
+                   objective=objective, memory_slack=memory_slack, run_drift=run_drift)
     study = optuna.create_study(directions=["minimize"] * (2 if objective == "balanced" else 1),
                                 sampler=optuna.samplers.TPESampler(seed=seed,
                                                                    n_startup_trials=4))

@@ -34,3 +34,18 @@ def test_the_readme_service_table_is_the_results_file_rendered():
         assert firsts == sorted(firsts) and len(firsts) >= 3
         assert results[kind]["figures"]["submit to first trial opened"] == pytest.approx(
             statistics.median(firsts), abs=0.01)
+
+
+def test_the_run_to_run_allowance_is_the_largest_measured_sessions():
+    """``RUN_DRIFT_SD`` is what benchmarks/run_to_run.py measured: the largest session's
+    between-run sd, rounded up; each session's summary is its runs' (recomputed here)."""
+    from tuner.judging.noise import RUN_DRIFT_SD
+
+    bench = _benchmark("run_to_run")
+    results = json.loads(bench.RESULTS.read_text())
+    for session in results["sessions"]:
+        ab = session.get("ab") or [run["ab"] for run in session["runs"]]
+        assert session["summary"] == bench.summarize(session["runs"], ab)
+        assert session["summary"]["tunes"] >= 6
+    assert bench.with_recommendation(results["sessions"])["recommended_sd"] == \
+        results["recommended_sd"] == RUN_DRIFT_SD

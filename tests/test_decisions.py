@@ -368,3 +368,32 @@ def test_the_rounds_stop_once_more_cannot_change_the_pick(tmp_path, true, far_fr
         assert saved >= rounds_saved, (settled, saved)
     else:
         assert settled <= 3, settled
+
+
+def test_the_run_to_run_allowance_makes_the_interval_hold_the_long_run_speedup(tmp_path):
+    """Each tune finds the machine at its own level (``level_drift``: the minute-to-minute move
+    that one tune's rounds cannot see; on the 2-core Xeon, digits tunes exported 1.35-1.65x at
+    +-2-4% while fresh-process A/B read 1.54x). With the allowance the exported interval holds
+    the long-run speedup about as often as a 95% interval should; with the rounds alone it
+    does not, and that is what the allowance is for. (Rounds as tight as the Xeon's: their
+    medians moved 1-2% within a tune.)"""
+    def coverage(run_drift: float) -> int:
+        held = 0
+        for seed in range(20):
+            folder = tmp_path / f"{run_drift}-{seed}"
+            folder.mkdir()
+            machine = Machine(step_ms=lambda c: 30.0 if c.policy == "float32" else 30.0 / 1.45,
+                              drift=0.015, level_drift=0.06, seed=seed)
+            executor = ScriptedExecutor(machine)
+            scheduler = scheduler_for(space_file(folder, MIXED), executor, folder, trials=3,
+                                      seed=seed, run_drift=run_drift)
+            scheduler.run()
+            outcome = remeasure(scheduler)
+            estimate = outcome.decision.estimate
+            assert outcome.winner.config.policy == "mixed_bfloat16"
+            assert estimate.run_drift == run_drift
+            held += estimate.low <= 1.45 <= estimate.high
+        return held
+
+    with_allowance, rounds_alone = coverage(0.06), coverage(0.0)
+    assert with_allowance >= 17 and rounds_alone <= 12, (with_allowance, rounds_alone)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.apply.config import LossScale, PrecisionConfig
+from tuner.apply.config import Epsilon, LossScale, PrecisionConfig
 from tuner.judging.decision import Candidate, complexity, decide
 from tuner.errors import ConfigError, SearchSpaceError, UsageError
 from tuner.judging.noise import PooledNoise, SpeedupEstimate, paired_speedup, speedup_from_log_ratios
@@ -57,6 +57,44 @@ def test_estimate_round_trips_and_refuses_an_interval_without_its_estimate():
     assert estimate.describe() == "1.40x [1.30-1.50]"
     with pytest.raises(ValueError, match="must hold its estimate"):
         SpeedupEstimate(1.4, 1.45, 1.5, 3)
+
+
+def test_the_run_to_run_allowance_widens_an_interval_in_logs_and_keeps_its_rounds():
+    rounds = SpeedupEstimate(1.40, 1.35, 1.45, 6)
+    widened = rounds.across_runs(0.06)
+    assert widened.ratio == 1.40 and widened.rounds == 6
+    # Each side's half-width in logs: the rounds' and 1.96 sd, in quadrature.
+    below = math.hypot(math.log(1.40 / 1.35), 1.96 * 0.06)
+    assert widened.low == pytest.approx(1.40 * math.exp(-below))
+    assert widened.high == pytest.approx(1.40 * math.exp(math.hypot(math.log(1.45 / 1.40),
+                                                                    1.96 * 0.06)))
+    assert (widened.rounds_low, widened.rounds_high, widened.run_drift) == (1.35, 1.45, 0.06)
+    assert widened.across_runs(0.06) is widened          # never widened twice
+    assert rounds.across_runs(0.0) is rounds
+    identity = SpeedupEstimate.identity(4)                 # float32 against itself: exact
+    assert identity.across_runs(0.06) is identity
+    unknown = SpeedupEstimate(1.2, 1e-9, math.inf, 1)      # one round: no bound either way
+    assert unknown.across_runs(0.06).high == math.inf
+    restored = SpeedupEstimate.from_dict(widened.to_dict())
+    assert (restored.run_drift, restored.rounds_low, restored.rounds_high) == (0.06, 1.35, 1.45)
+    assert "this run's rounds alone: 1.35-1.45" in widened.describe_allowance()
+    assert rounds.describe_allowance() == ""
+
+
+def test_a_gain_the_run_to_run_drift_could_erase_is_a_tie():
+    """1.10x [1.07-1.13] clears float32 + 3% in its rounds, but not once the level's move
+    between runs (sd 6%) is allowed for; a 1.5x gain clears either way, exported widened."""
+    small = cand(2, "mixed_bfloat16", 1.10, 1.07, 1.13)
+    assert decide(0, [small]).winner == 2
+    tie = decide(0, [small], run_drift=0.06)
+    assert tie.winner == 0 and tie.tie and "run-to-run drift" in tie.explanation
+    large = decide(0, [cand(3, "mixed_bfloat16", 1.50, 1.46, 1.54)], run_drift=0.06)
+    assert large.winner == 3 and large.estimate.low < 1.46 and large.estimate.run_drift == 0.06
+    assert "this run's rounds alone: 1.46-1.54" in large.explanation
+    # Between finalists the rounds decide: both ran in them, the level's move is common.
+    faster = cand(4, "mixed_bfloat16", 1.60, 1.56, 1.64, epsilon=Epsilon(backend=1e-4))
+    simpler = cand(5, "mixed_bfloat16", 1.45, 1.42, 1.48)
+    assert decide(0, [faster, simpler], run_drift=0.06).winner == 4
 
 
 # -- the winner rule ------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tuner.api.arguments import gain, positive_int, ratio, seconds
 from tuner.errors import UsageError
-from tuner.run.plan import Flags
+from tuner.judging.noise import RUN_DRIFT_SD
+from tuner.run.flags import Flags
 
 
 def add_tune_parser(commands) -> argparse.ArgumentParser:
@@ -60,6 +61,13 @@ def _how_to_judge(group) -> None:
                       help="a 16-bit config is picked only when the lower end of its speedup "
                            "interval beats float32 by this much; otherwise float32 (a tie goes "
                            "to the simpler config) [default: %(default)s, i.e. 3%%]")
+    group.add_argument("--run-drift", type=gain, default=None, metavar="SD",
+                      help="the run-to-run allowance: the standard deviation of a speedup's "
+                           "log between tunes, beyond what one tune's rounds show; every "
+                           "speedup over float32 (the bar above and the exported interval) is "
+                           "widened by it. 0: this run's rounds alone [default: "
+                           f"{RUN_DRIFT_SD:g}, measured on a 2-core CPU by "
+                           "benchmarks/run_to_run.py]")
     group.add_argument("--objective", choices=("speed", "memory", "balanced"), default=None,
                       help="what best means: speed (the fastest config whose gain is real), "
                            "memory (the least training memory), or balanced (from the Pareto "
@@ -157,7 +165,8 @@ def flags_from(args, task_path: Path) -> Flags:
                  steps=args.steps, seed=args.seed, tolerance=args.tolerance,
                  exhaustive=args.exhaustive, tracking_uri=args.tracking_uri,
                  finalists=args.finalists, trial_time_limit_s=float(args.time_limit),
-                 min_gain=args.min_gain, keep_slow_policies=args.keep_slow_policies,
+                 min_gain=args.min_gain, run_drift=args.run_drift,
+                 keep_slow_policies=args.keep_slow_policies,
                  objective=args.objective, memory_slack=args.memory_slack,
                  trial_seconds=args.trial_seconds, confirm_steps=args.confirm_steps,
                  confirm_seconds=args.confirm_seconds, no_confirm=args.no_confirm)

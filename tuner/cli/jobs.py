@@ -27,7 +27,7 @@ from tuner.run.task_file import check_task_file
 # tune flags that a job passes on as given (the rest -- run directory, tracking, Ray address,
 # output -- are the service's business).
 FORWARDED = ("space", "trials", "exhaustive", "steps", "seed", "tolerance", "time_limit",
-             "workers", "finalists", "min_gain", "objective", "memory_slack",
+             "workers", "finalists", "min_gain", "run_drift", "objective", "memory_slack",
              "keep_slow_policies", "trial_seconds", "confirm_steps", "confirm_seconds",
              "no_confirm")
 

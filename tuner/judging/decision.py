@@ -69,27 +69,36 @@ class Decision:
 
 
 def decide(baseline: int, candidates: Sequence[Candidate], *,
-           min_gain: float = DEFAULT_MIN_GAIN, baseline_rounds: int = 0) -> Decision:
-    """Pick the winner among re-measured candidates (the float32 baseline not among them)."""
+           min_gain: float = DEFAULT_MIN_GAIN, baseline_rounds: int = 0,
+           run_drift: float = 0.0) -> Decision:
+    """Pick the winner among re-measured candidates (the float32 baseline not among them).
+    ``run_drift``: the run-to-run allowance (``tuner.judging.noise.RUN_DRIFT_SD``) each
+    speedup over float32 is widened by before the bar; finalists are compared on their rounds."""
     bar = 1.0 + min_gain
-    clear = [c for c in candidates if c.estimate.clears(bar)]
+    clear = [c for c in candidates if c.estimate.across_runs(run_drift).clears(bar)]
     if not clear:
-        return _float32_wins(baseline, candidates, bar, baseline_rounds)
+        return _float32_wins(baseline, candidates, bar, baseline_rounds, run_drift)
     leader = max(clear, key=lambda c: c.estimate.ratio)
     contenders = [c for c in clear if c.estimate.overlaps(leader.estimate)]
     winner = min(contenders, key=lambda c: (complexity(c.config), -c.estimate.ratio))
+    against_float32 = winner.estimate.across_runs(run_drift)
     if winner is leader:
-        return Decision(winner.number, winner.estimate, False,
-                        f"{winner.estimate.describe()} vs float32: clears the "
-                        f"{min_gain:.0%} minimum gain beyond noise")
-    return Decision(winner.number, winner.estimate, True,
+        return Decision(winner.number, against_float32, False,
+                        f"{against_float32.describe()} vs float32{_allowance(against_float32)}: "
+                        f"clears the {min_gain:.0%} minimum gain beyond noise")
+    return Decision(winner.number, against_float32, True,
                     f"tie within noise: #{leader.number} ({leader.estimate.describe()}) is not "
                     f"clearly faster than the simpler #{winner.number} "
-                    f"({winner.estimate.describe()})")
+                    f"({winner.estimate.describe()}, in the same rounds)")
+
+
+def _allowance(estimate: SpeedupEstimate) -> str:
+    text = estimate.describe_allowance()
+    return f" ({text})" if text else ""
 
 
 def _float32_wins(baseline: int, candidates: Sequence[Candidate], bar: float,
-                  rounds: int) -> Decision:
+                  rounds: int, run_drift: float) -> Decision:
     identity = SpeedupEstimate.identity(rounds)
     if not candidates:
         return Decision(baseline, identity, False, "no other stable config to compare")
@@ -98,14 +107,15 @@ def _float32_wins(baseline: int, candidates: Sequence[Candidate], bar: float,
         return Decision(baseline, identity, False,
                         f"every finalist is slower than float32 (best: #{best.number} at "
                         f"{best.estimate.describe()} vs float32)")
+    widened = best.estimate.across_runs(run_drift)
     return Decision(baseline, identity, True,
                     f"tie within noise: no config beats float32 beyond noise (best: "
-                    f"#{best.number} at {best.estimate.describe()} vs float32; a pick needs the "
-                    f"interval's lower end above {bar:.2f}x)")
+                    f"#{best.number} at {widened.describe()} vs float32{_allowance(widened)}; "
+                    f"a pick needs the interval's lower end above {bar:.2f}x)")
 
 
 def settled(baseline: int, now: Sequence[Candidate], at_cap: dict[int, SpeedupEstimate], *,
-            min_gain: float, cap: int) -> str:
+            min_gain: float, cap: int, run_drift: float = 0.0) -> str:
     """Why more re-measurement rounds cannot change the pick, or "". ``at_cap``: each
     candidate's interval at the round cap, as narrow as it could get with the estimate where it
     is (``tuner.judging.noise.projected_speedup``). Two conditions:
@@ -115,22 +125,27 @@ def settled(baseline: int, now: Sequence[Candidate], at_cap: dict[int, SpeedupEs
       favour: a 16-bit pick still clears 1 + ``min_gain`` from its interval's low end, and for
       float32 no candidate would clear it from its interval's high end. (Stopping on a lucky
       early estimate that the bar then cuts through is what this rules out.)
+
+    Against the bar, the cap's intervals carry the run-to-run allowance (``run_drift``) too:
+    no number of rounds narrows that part.
     """
-    today = decide(baseline, now, min_gain=min_gain)
+    today = decide(baseline, now, min_gain=min_gain, run_drift=run_drift)
     later = [Candidate(c.number, c.config, at_cap[c.number]) for c in now]
-    if decide(baseline, later, min_gain=min_gain).winner != today.winner:
+    if decide(baseline, later, min_gain=min_gain, run_drift=run_drift).winner != today.winner:
         return ""
     bar = 1.0 + min_gain
 
     def narrowed(end: float, number: int) -> float:   # ``end`` less the cap's half-width
-        return end * at_cap[number].ratio / at_cap[number].high
+        widened = at_cap[number].across_runs(run_drift)
+        return end * widened.ratio / widened.high
 
+    rounds_now = {c.number: c.estimate for c in now}
     if today.winner == baseline:
         if any(narrowed(c.estimate.high, c.number) > bar for c in now):
             return ""
         return (f"a settled pick: float32; with {cap} rounds no finalist would clear "
                 f"float32 + {min_gain:.0%} even from its interval's high end")
-    if narrowed(today.estimate.low, today.winner) <= bar:
+    if narrowed(rounds_now[today.winner].low, today.winner) <= bar:
         return ""
     return (f"a settled pick: #{today.winner} ({today.estimate.describe()}); {cap} rounds "
             f"would pick it too at these estimates, and it clears float32 + {min_gain:.0%} "

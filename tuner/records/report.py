@@ -72,6 +72,10 @@ def confirmation_lines(summary: "TuneSummary") -> list[str]:
     return lines
 
 
+def _drift(estimate) -> str:
+    return ", run-to-run drift allowed for" if estimate and estimate.run_drift else ""
+
+
 def headline(summary: "TuneSummary") -> list[str]:
     lines = []
     only_baseline = summary.best is not None and summary.best is summary.baseline and not any(
@@ -85,7 +89,7 @@ def headline(summary: "TuneSummary") -> list[str]:
         estimate = summary.estimate
         lines.append(f"best: {summary.best.config.describe()} (trial #{summary.best.number}), "
                      f"{estimate.describe() if estimate else '-'} vs float32 "
-                     f"({estimate.confidence:.0%} interval; "
+                     f"({estimate.confidence:.0%} interval{_drift(estimate)}; "
                      f"{_fmt(summary.best.remeasured_ms, '.2f')} ms/step vs "
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")

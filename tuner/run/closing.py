@@ -47,6 +47,12 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "median_step_ms": round(best.remeasured_ms or best.judgement.median_step_ms or 0.0, 4),
         "speedup_vs_float32": round(estimate.ratio, 4),
         "speedup_interval": [round(estimate.low, 4), round(estimate.high, 4)],
+        # The interval from this run's timings alone, and the run-to-run allowance (the sd of
+        # the log speedup between runs) that widened it into the one above.
+        "speedup_interval_this_run": [round(estimate.rounds_low, 4),
+                                      round(estimate.rounds_high, 4)]
+        if estimate.run_drift else [round(estimate.low, 4), round(estimate.high, 4)],
+        "run_drift_sd": estimate.run_drift,
         "confidence": estimate.confidence,
         "remeasure_rounds": (best.estimate or estimate).rounds,
         "speedup_from": speedup_source(best, outcome),

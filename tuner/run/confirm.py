@@ -25,7 +25,8 @@ interval is biased its way: on a 3 ms-per-step model whose rounds' medians varie
 (``CHECKPOINTS`` pairs, each several trials long), so their timed steps are fresh paired
 rounds: the pick is exported only if its speedup over them still clears float32 +
 ``min_gain``, and that is the speedup the export reports (``Confirmation.speed``; the rounds'
-stay in trials.json). With ``--no-confirm`` the same pairs run as a speed check alone, a
+stay in trials.json), widened by the run-to-run allowance (``tuner.judging.noise``) as every
+speedup over float32 is. With ``--no-confirm`` the same pairs run as a speed check alone, a
 trial's length each, without validation.
 
 Pure driver code: the runs go through the executor's exclusive session; no TensorFlow here.
@@ -86,8 +87,9 @@ class Confirmer:
 
     def __init__(self, run: Callable[[Any, int, bool], TrialResult], budget: ConfirmBudget,
                  trial_steps: int, progress, *, min_gain: float | None = DEFAULT_MIN_GAIN,
-                 noise: PooledNoise | None = None) -> None:
+                 noise: PooledNoise | None = None, run_drift: float = 0.0) -> None:
         self.run = run
+        self.run_drift = run_drift
         self.budget = budget
         self.trial_steps = trial_steps
         self.progress = progress
@@ -137,7 +139,8 @@ class Confirmer:
             outcome.checkpoints.append(Checkpoint(
                 target, base.validation or {}, mine.validation or {}, base.losses, mine.losses,
                 base.timed_steps_ms, mine.timed_steps_ms))
-        outcome.speed = _paired_speed(outcome.checkpoints, self.noise)
+        speed = _paired_speed(outcome.checkpoints, self.noise)
+        outcome.speed = speed.across_runs(self.run_drift) if speed else None
         problem = (_final_gap(outcome) if quality else "") or \
             _speed_gap(outcome.speed, pick.estimate, self.min_gain)
         return self._end(outcome, problem, started)
@@ -206,7 +209,7 @@ def _final_gap(outcome: Confirmation) -> str:
 
 
 def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows: dict, *,
-                 min_gain: float, rounds: int):
+                 min_gain: float, rounds: int, run_drift: float = 0.0):
     """Confirm ``outcome``'s pick (a ``tuner.run.remeasure.Remeasured``); while one fails, the
     decision is taken again without it (``candidates``: the re-measured finalists), at most
     ``MAX_ATTEMPTS`` configs, else float32 (``baseline``). Returns ``outcome``, updated."""
@@ -228,7 +231,8 @@ def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows
         tried = {done.trial for done in outcome.confirmations}
         left = [c for c in candidates if c.number not in tried] \
             if len(outcome.confirmations) < MAX_ATTEMPTS else []
-        decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds)
+        decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds,
+                          run_drift=run_drift)
         then = f"then: {decision.explanation}" if left else \
             "no other finalist left to confirm: float32"
         outcome.decision = dataclasses.replace(

@@ -77,8 +77,9 @@ class Confirmation:
     def speed_text(self) -> str:
         if self.speed is None:
             return "its speed could not be re-checked (stretches without timed steps)"
+        allowance = self.speed.describe_allowance()
         return (f"{self.speed.describe()} vs float32 over {self.speed.rounds} fresh stretches "
-                "timed back to back")
+                "timed back to back" + (f" ({allowance})" if allowance else ""))
 
     def line(self) -> str:
         last = self.checkpoints[-1] if self.checkpoints else None

@@ -16,13 +16,14 @@ from typing import Any, Mapping
 from tuner.apply.config import compute_dtype_of
 from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.judging.decision import DEFAULT_MIN_GAIN
+from tuner.judging.noise import RUN_DRIFT_SD
+from tuner.run.flags import Flags, check_resume, space_ref
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
 from tuner.judging.underflow import gradient_histograms
 from tuner.search.space import MIN_TIMED_STEPS, SearchSpace
 from tuner.search.space_files import load_space
-from tuner.search.space_files import looks_like_path
 from tuner.records.timing import CANNOT_WIN_BELOW
 
 
@@ -35,31 +36,6 @@ class Remeasurement:
     target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
     time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
     settle: bool = True                 # ... or once more rounds cannot change the pick
-
-
-@dataclass(frozen=True)
-class Flags:
-    """What the user asked for; ``None`` means "not given" (a default or the resumed run's)."""
-
-    task_path: Path
-    run_dir: Path
-    space: str | None = None
-    trials: int | None = None
-    steps: int | None = None
-    seed: int | None = None
-    tolerance: float | None = None
-    exhaustive: bool = False
-    tracking_uri: str | None = None
-    finalists: int = 3
-    trial_time_limit_s: float = 900.0
-    min_gain: float = DEFAULT_MIN_GAIN
-    keep_slow_policies: bool = False
-    objective: str | None = None
-    memory_slack: float | None = None
-    trial_seconds: float | None = None  # the sizing cap (tuner.judging.sizing); only without --steps
-    confirm_steps: int | None = None    # the confirmation's length (tuner.run.confirm)
-    confirm_seconds: float | None = None
-    no_confirm: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +55,9 @@ class RunPlan:
     trial_time_limit_s: float = 900.0
     slow_factor: float = 1.5            # early-stop limit: this much slower than the best
     min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
+    # The between-run sd of a log speedup each speedup over float32 is widened by
+    # (tuner.judging.noise): the level moves between runs by more than one run's rounds show.
+    run_drift: float = RUN_DRIFT_SD
     remeasurement: Remeasurement = Remeasurement()
     # Which layers each float32 group and pattern selects in the model (from the task check);
     # None until the plan is fitted to the model.
@@ -122,6 +101,7 @@ class RunPlan:
         return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
+                "run_drift": self.run_drift,
                 "skipped_policies": list(self.skipped_policies or ()),
                 "objective": self.objective, "memory_slack": self.memory_slack,
                 "sizing": self.sizing.to_dict() if self.sizing else None,
@@ -193,13 +173,6 @@ class RunPlan:
             gradient_abs_max=diagnostics.get("gradient_abs_max"))
 
 
-def space_ref(space: str) -> str:
-    """How run.json names a space: a built-in name, or the YAML file's absolute path."""
-    if looks_like_path(space):
-        return str(Path(space).resolve())
-    return space
-
-
 def check_steps(steps: int, warmup_steps: int, what: str) -> None:
     if steps < warmup_steps + MIN_TIMED_STEPS:
         raise UsageError(f"{what} must exceed the space's warmup_steps ({warmup_steps}) by at "
@@ -214,7 +187,7 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
                          f"with --trials {flags.trials}. Drop one of the two.")
     if previous is not None:
-        _check_resume(previous, flags)
+        check_resume(previous, flags)
         ref, recorded = previous["space"], previous
     else:
         ref, recorded = space_ref(flags.space or "quick"), {}
@@ -246,6 +219,8 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
         finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
         min_gain=recorded.get("min_gain", flags.min_gain),
+        run_drift=recorded.get("run_drift", RUN_DRIFT_SD if flags.run_drift is None
+                               else flags.run_drift),
         keep_slow_policies=flags.keep_slow_policies,
         objective=recorded.get("objective") or flags.objective or "speed",
         memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
@@ -270,31 +245,3 @@ def _confirm_budget(flags: Flags, recorded: dict[str, Any] | None) -> ConfirmBud
                          f"{flags.confirm_seconds:g}")
     return ConfirmBudget(enabled=not flags.no_confirm, steps=flags.confirm_steps,
                          seconds=flags.confirm_seconds or DEFAULT_CONFIRM_SECONDS)
-
-
-def _check_resume(previous: dict[str, Any], flags: Flags) -> None:
-    """On resume, what the user passes must agree with what the run was started with."""
-    run_dir = flags.run_dir
-    if previous.get("status") == "finished":
-        raise UsageError(f"the run in {str(run_dir)!r} already finished. Export its result "
-                         f"(precision-tuner export --run-dir {run_dir}) or choose a new "
-                         "--run-dir.")
-    if previous["task"] != str(flags.task_path):
-        raise UsageError(f"--run-dir {str(run_dir)!r} belongs to task {previous['task']!r}, "
-                         f"not {str(flags.task_path)!r}. Pass that task, or a new --run-dir.")
-    if flags.exhaustive and not previous.get("exhaustive"):
-        raise UsageError(f"--exhaustive: the run in {str(run_dir)!r} was started with a "
-                         "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
-                         "or start a new --run-dir.")
-    given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
-             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance,
-             "objective": flags.objective, "memory_slack": flags.memory_slack}
-    if flags.trial_seconds is not None:
-        raise UsageError(f"--trial-seconds {flags.trial_seconds:g}: a resumed run keeps how its "
-                         "trials were sized. Drop --trial-seconds, or start a new --run-dir.")
-    for key, value in given.items():
-        flag = "--" + key.replace("_", "-")
-        if value is not None and value != previous.get(key):
-            raise UsageError(f"{flag} {value} differs from the interrupted run's "
-                             f"{previous.get(key)!r}; a resumed run keeps its settings. Drop "
-                             f"{flag}, or start a new --run-dir.")

@@ -6,20 +6,20 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   the leader's (by more than a run's drift) is dropped first, with a line saying so.
 - Each config's model is built and traced once and kept alive in the worker; every later run
   trains it on (``tuner.worker.live``), the float32 baseline trial's included.
-- A warm-up run of float32 comes first and is discarded (a fresh worker's first run was up to
-  46% slow: thread pools, the allocator, cold caches).
+- A warm-up run of float32 comes first, discarded (a fresh worker's first run was 46% slow).
 - Rounds: each runs float32 and every finalist once, in an order that rotates each round and
-  reverses each cycle (two configs: AB BA BA AB), so no config always runs first.
+  reverses each cycle (AB BA BA AB): no config always runs first.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
   reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
-  below float32 + ``min_gain``, or a single finalist left whose interval clears it), or the
-  leader's interval is within ``target_half_width``, or more rounds cannot change the pick
-  (``decision.settled``), or at ``max_rounds``, or past ``time_cap_s``; the notes say which.
+  below float32 + ``min_gain``, or one finalist left that clears it), or the leader's interval
+  is within ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
+  ``max_rounds`` or ``time_cap_s``; the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
-  the session continues on a fresh worker (which builds its models again).
-Then ``tuner.judging.decision.decide`` names the winner, and ``tuner.run.confirm`` confirms it:
-its validation over a longer run and, on fresh runs it was not chosen on, its speed.
+  the session goes on in a fresh worker, which builds its models again.
+Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
+allowance, ``plan.run_drift``), and ``tuner.run.confirm`` confirms it: its validation over a
+longer run and, on fresh runs it was not chosen on, its speed.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.run.confirm import Confirmation, Confirmer, confirm_pick
-from tuner.judging.decision import (Candidate, Decision, decide, no_loss_scale_evidence,
-                                    settled)
+from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
 from tuner.errors import TunerError
 from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
                                  round_log_ratios, speedup_from_log_ratios)
@@ -111,8 +110,9 @@ def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
                                                  f"{why}, but #{row.number} was lost in the "
                                                  "re-measurement: float32"),
                               rounds.notes, rounds.shared, lines)
-        decision = Decision(row.number, row.estimate, False,
-                            f"{why}; {row.estimate.describe()} vs float32")
+        estimate = row.estimate.across_runs(plan.run_drift)
+        decision = Decision(row.number, estimate, False,
+                            f"{why}; {estimate.describe()} vs float32")
         return Remeasured(row, decision, rounds.notes, rounds.shared, lines)
 
     rounds.decide = chosen_by_objective
@@ -174,10 +174,11 @@ class _Rounds:
         by_speed = self.plan.objective == "speed"
         confirmer = Confirmer(run, self.plan.confirm, self.plan.steps, self.scheduler.progress,
                               min_gain=self.plan.min_gain if by_speed else None,
-                              noise=self.pooled)
+                              noise=self.pooled, run_drift=self.plan.run_drift)
         return confirm_pick(outcome, confirmer, self.baseline, self.candidates,
                             {r.number: r for r in self.scheduler.rows},
-                            min_gain=self.plan.min_gain, rounds=rounds)
+                            min_gain=self.plan.min_gain, rounds=rounds,
+                            run_drift=self.plan.run_drift)
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and
@@ -233,7 +234,7 @@ class _Rounds:
         if len(now) != len(self.active) or any(self.at_cap.get(c.number) is None for c in now):
             return ""
         return settled(self.baseline.number, now, self.at_cap, min_gain=self.plan.min_gain,
-                       cap=self.policy.max_rounds)
+                       cap=self.policy.max_rounds, run_drift=self.plan.run_drift)
 
     def _stop_reason(self, rounds: int, elapsed_s: float) -> str:
         policy = self.policy
@@ -258,7 +259,7 @@ class _Rounds:
         if all(r.estimate and r.estimate.high < bar for r in self.active):
             return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
                     f"(leader's interval +-{width:.1%})")
-        if leader.estimate.clears(bar) and len(self.active) == 1:
+        if len(self.active) == 1 and leader.estimate.across_runs(self.plan.run_drift).clears(bar):
             return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
         if width <= policy.target_half_width:
             return (f"the leader's interval reached the +-{policy.target_half_width:.0%} target "
@@ -294,6 +295,6 @@ class _Rounds:
                       if r.estimate is not None]
         self.candidates = candidates
         decision = decide(self.baseline.number, candidates, min_gain=self.plan.min_gain,
-                          baseline_rounds=rounds)
+                          baseline_rounds=rounds, run_drift=self.plan.run_drift)
         rows = {r.number: r for r in self.scheduler.rows}
         return Remeasured(rows[decision.winner], decision, self.notes, self.shared)
