@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tuner.run.closing import machine_description  # noqa: E402 - the repository's own
+
 RESULTS = ROOT / "benchmarks" / "results" / "run_to_run.json"
 Z95 = 1.96
 
@@ -133,16 +135,6 @@ def summarize(runs: list[dict], ab: list[float]) -> dict:
     }
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", nargs="?", default=str(ROOT / "examples" / "digits_mlp.py"))
@@ -166,7 +158,7 @@ def main() -> None:
             print(f"tune {index + 1}/{args.tunes}: {run['config']} {run['speedup']:.2f}x "
                   f"{run['interval']} (rounds alone {run['interval_this_run']}); "
                   f"A/B after it {run['ab']:.2f}x", flush=True)
-    session = {"task": task.name, "space": args.space, "cpu": _cpu(), "cpus": os.cpu_count(),
+    session = {"task": task.name, "space": args.space, "cpu": machine_description(), "cpus": os.cpu_count(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M"),
                "source": f"benchmarks/run_to_run.py --tunes {args.tunes}, "
                          f"A/B of {args.ab_steps} steps after each tune",
