@@ -93,3 +93,30 @@ def test_diagnostics_that_fail_on_a_model_are_reported_not_raised(tmp_path, monk
     assert diagnostics["unavailable"] == \
         "RuntimeError: an exotic model the diagnostics cannot trace"
     assert diagnostics["candidates"] == [] and diagnostics["loss_scale"]["initial_scale"] > 0
+
+
+def test_a_model_without_call_is_refused_in_one_line_that_says_so(tmp_path):
+    """The Keras guide's GAN has no call() (fit trains it through its train_step alone): the
+    task check says that, not Keras's NotImplementedError with a hint about x."""
+    from tuner.errors import TaskError
+
+    path = tmp_path / "no_call.py"
+    path.write_text('''
+import keras, numpy as np
+LOSS = None
+class GAN(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.generator = keras.Sequential([keras.layers.Dense(4)])
+    def train_step(self, data):
+        return {"loss": 0.0}
+def build_model():
+    return GAN()
+def train_data():
+    return np.ones((32, 4), dtype="float32")
+''')
+    with pytest.raises(TaskError) as refused:
+        probe_task(str(path), steps=2)
+    message = str(refused.value)
+    assert message.startswith("GAN from build_model() in no_call.py defines no call()")
+    assert "Give GAN a call()" in message and "\n" not in message

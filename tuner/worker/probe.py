@@ -91,11 +91,26 @@ def _probe_build(task, first_batch):
         try:
             model(x)
         except Exception as exc:
+            if type(model).call is keras.Model.call:
+                raise TaskError(_no_call(task, model)) from exc
             raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
                             f"first batch of train_data() raised {type(exc).__name__}: "
                             f"{first_line(exc)}. Make the model accept train_data()'s x.") \
                 from exc
     return model
+
+
+def _no_call(task, model) -> str:
+    """A subclassed model without ``call()`` (the Keras guide's GAN, which ``fit`` trains through
+    its own ``train_step`` alone): every trial builds, checks, times and validates a model by
+    its forward pass, and the tuner compiles it with one optimizer, so it is refused in one
+    line that says so, not with Keras's NotImplementedError."""
+    name = type(model).__name__
+    return (f"{name} from build_model() in {task.path.name} defines no call(): the tuner builds, "
+            "checks and validates a model through its forward pass and compiles it with one "
+            f"optimizer, so a model trained only by its own train_step is not supported. Give "
+            f"{name} a call() that runs its forward pass, and a compile() that takes "
+            "optimizer= and loss= as keras.Model's does")
 
 
 def _refuse_unbatched(task, model, first_batch) -> None:
