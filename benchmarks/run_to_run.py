@@ -3,8 +3,9 @@ exported interval's run-to-run allowance (``tuner.judging.noise.RUN_DRIFT_SD``).
 
 A tune times float32 and its finalists in paired rounds, back to back in one worker, over
 about a minute; its interval covers the rounds' spread. It cannot cover what moves the whole
-level between one minute and the next: on the 2-core Xeon, ten digits tunes exported the same
-pick at 1.35-1.65x with intervals of +-2-4%, while fresh-process A/B runs read 1.54-1.56x. This
+level between one minute and the next: on the 2-core Xeon, eight digits tunes exported the
+same pick at 1.35-1.65x with intervals of +-2-4%, while fresh-process A/B runs read 1.54-1.56x
+(the first session in the results file). This
 script measures that spread: it runs ``--tunes`` tunes of TASK.py one after another, and after
 each an A/B pair of the exported config against float32, each side in a fresh process through
 the public API only (``PrecisionConfig.load``, ``scope()``, ``wrap_optimizer()``), so the A/B

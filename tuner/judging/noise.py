@@ -26,8 +26,8 @@ of medians cannot tell a 5% gain from noise.
 
 **Another run.** The rounds take about a minute, in one worker; what moves the whole level from
 one minute to the next is common to all of them, so their interval cannot hold it. On the
-2-core Xeon, ten digits tunes exported the same pick at 1.35-1.65x with intervals of +-2-4%,
-while A/B runs in fresh processes read 1.54-1.56x: one interval in three held it. So the
+2-core Xeon, eight digits tunes exported the same pick at 1.35-1.65x with intervals of +-2-4%,
+while A/B runs in fresh processes read 1.54-1.56x: three intervals in eight held it. So the
 speedup compared with float32 (the pick's bar, and the figure exported) is widened by a
 run-to-run allowance (``SpeedupEstimate.across_runs``): the between-run standard deviation of the
 log speedup, ``RUN_DRIFT_SD`` as measured by ``benchmarks/run_to_run.py`` (its results file),
