@@ -95,10 +95,11 @@ def _tune(task: Path, run_dir: Path, space: str) -> dict:
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"the tune failed:\n{done.stderr[-3000:]}")
-    provenance = json.loads((run_dir / "best.json").read_text())["provenance"]
+    best = json.loads((run_dir / "best.json").read_text())
+    provenance = best["provenance"]
     exported = provenance.get("speedup_interval") or [1.0, 1.0]
     this_run = provenance.get("speedup_interval_this_run") or exported
-    return {"config": json.loads((run_dir / "best.json").read_text())["policy"],
+    return {"config": best["policy"],
             "speedup": provenance.get("speedup_vs_float32", 1.0),
             "interval": exported, "interval_this_run": this_run,
             "run_drift_sd": provenance.get("run_drift_sd", 0.0),

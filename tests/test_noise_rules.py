@@ -69,6 +69,7 @@ def test_the_run_to_run_allowance_widens_an_interval_in_logs_and_keeps_its_round
     assert widened.high == pytest.approx(1.40 * math.exp(math.hypot(math.log(1.45 / 1.40),
                                                                     1.96 * 0.06)))
     assert (widened.rounds_low, widened.rounds_high, widened.run_drift) == (1.35, 1.45, 0.06)
+    assert widened.rounds_interval == rounds.rounds_interval == (1.35, 1.45)
     assert widened.across_runs(0.06) is widened          # never widened twice
     assert rounds.across_runs(0.0) is rounds
     identity = SpeedupEstimate.identity(4)                 # float32 against itself: exact

@@ -139,13 +139,12 @@ def settled(baseline: int, now: Sequence[Candidate], at_cap: dict[int, SpeedupEs
         widened = at_cap[number].across_runs(run_drift)
         return end * widened.ratio / widened.high
 
-    rounds_now = {c.number: c.estimate for c in now}
     if today.winner == baseline:
         if any(narrowed(c.estimate.high, c.number) > bar for c in now):
             return ""
         return (f"a settled pick: float32; with {cap} rounds no finalist would clear "
                 f"float32 + {min_gain:.0%} even from its interval's high end")
-    if narrowed(rounds_now[today.winner].low, today.winner) <= bar:
+    if narrowed(today.estimate.rounds_interval[0], today.winner) <= bar:
         return ""
     return (f"a settled pick: #{today.winner} ({today.estimate.describe()}); {cap} rounds "
             f"would pick it too at these estimates, and it clears float32 + {min_gain:.0%} "

@@ -91,11 +91,19 @@ class SpeedupEstimate:
     def describe(self) -> str:
         return f"{self.ratio:.2f}x [{self.low:.2f}-{self.high:.2f}]"
 
+    @property
+    def rounds_interval(self) -> tuple[float, float]:
+        """The interval from this run's timings alone (the allowance's, when widened, left out)."""
+        if self.run_drift and self.rounds_low is not None and self.rounds_high is not None:
+            return self.rounds_low, self.rounds_high
+        return self.low, self.high
+
     def describe_allowance(self) -> str:
         """What the interval holds besides the rounds ("" when nothing)."""
-        if not self.run_drift or self.rounds_low is None or self.rounds_high is None:
+        if not self.run_drift:
             return ""
-        return (f"this run's rounds alone: {self.rounds_low:.2f}-{self.rounds_high:.2f}; "
+        low, high = self.rounds_interval
+        return (f"this run's rounds alone: {low:.2f}-{high:.2f}; "
                 f"widened for run-to-run drift (sd {self.run_drift:.0%})")
 
     def across_runs(self, sd: float) -> "SpeedupEstimate":

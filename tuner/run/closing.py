@@ -49,9 +49,7 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "speedup_interval": [round(estimate.low, 4), round(estimate.high, 4)],
         # The interval from this run's timings alone, and the run-to-run allowance (the sd of
         # the log speedup between runs) that widened it into the one above.
-        "speedup_interval_this_run": [round(estimate.rounds_low, 4),
-                                      round(estimate.rounds_high, 4)]
-        if estimate.run_drift else [round(estimate.low, 4), round(estimate.high, 4)],
+        "speedup_interval_this_run": [round(end, 4) for end in estimate.rounds_interval],
         "run_drift_sd": estimate.run_drift,
         "confidence": estimate.confidence,
         "remeasure_rounds": (best.estimate or estimate).rounds,

@@ -209,7 +209,7 @@ def _final_gap(outcome: Confirmation) -> str:
 
 
 def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows: dict, *,
-                 min_gain: float, rounds: int, run_drift: float = 0.0):
+                 min_gain: float, rounds: int):
     """Confirm ``outcome``'s pick (a ``tuner.run.remeasure.Remeasured``); while one fails, the
     decision is taken again without it (``candidates``: the re-measured finalists), at most
     ``MAX_ATTEMPTS`` configs, else float32 (``baseline``). Returns ``outcome``, updated."""
@@ -232,7 +232,7 @@ def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows
         left = [c for c in candidates if c.number not in tried] \
             if len(outcome.confirmations) < MAX_ATTEMPTS else []
         decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds,
-                          run_drift=run_drift)
+                          run_drift=confirmer.run_drift)
         then = f"then: {decision.explanation}" if left else \
             "no other finalist left to confirm: float32"
         outcome.decision = dataclasses.replace(

@@ -177,8 +177,7 @@ class _Rounds:
                               noise=self.pooled, run_drift=self.plan.run_drift)
         return confirm_pick(outcome, confirmer, self.baseline, self.candidates,
                             {r.number: r for r in self.scheduler.rows},
-                            min_gain=self.plan.min_gain, rounds=rounds,
-                            run_drift=self.plan.run_drift)
+                            min_gain=self.plan.min_gain, rounds=rounds)
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and
