@@ -340,6 +340,15 @@ class PrecisionConfig:
 
         return wrap_optimizer(self, optimizer)
 
+    def guard(self, **options):
+        """A ``keras.callbacks.Callback`` that watches the training under this config and
+        repairs it when 16-bit training fails: ``model.fit(..., callbacks=[cfg.guard()])``.
+        ``guard.events`` says what it did, ``guard.config`` is this config with the repairs.
+        Options: see :class:`tuner.apply.guard.callback.PrecisionGuard`."""
+        from tuner.apply.guard.callback import PrecisionGuard
+
+        return PrecisionGuard(self, **options)
+
     def compile_kwargs(self) -> dict[str, Any]:
         """Extra ``model.compile`` arguments: stop Keras from adding its own loss scaling."""
         return {"auto_scale_loss": False}

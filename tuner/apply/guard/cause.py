@@ -1,0 +1,161 @@
+"""Where a failure comes from, found on the batch it happened on, and the repairs that act on
+one layer, each verified on that batch before it is kept.
+
+``probe`` runs the model as it is now (its 16-bit layers in 16 bits) forward and backward on
+the batch, eagerly, watching every layer call (``tuner.apply.scope.hook_layer_calls``): the
+first layer whose output is non-finite (a float16 output past 65504 is inf), else, going back
+from the loss, the layer whose backward pass made a gradient non-finite at the current loss
+scale. ``place_in_float32`` moves a built layer to float32 with Keras's per-layer dtype policy
+(weights under a mixed policy are float32 already, so nothing is rebuilt), through the
+placements' own ``Float32Placer`` so that a subclassed owner that mixes the layer's output into
+raw 16-bit ops still gets its own dtype back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+
+from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.apply.scope import Float32Placer, call_path, hook_layer_calls, layer_paths
+
+
+@dataclass
+class Probe:
+    """What one forward and backward pass on the batch showed."""
+
+    data_non_finite: bool = False
+    forward: str | None = None         # first layer whose output is non-finite
+    loss_finite: bool = True
+    backward: str | None = None        # layer whose backward made a gradient non-finite
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failing(self) -> bool:
+        return self.data_non_finite or self.forward is not None or not self.loss_finite \
+            or self.backward is not None
+
+    @property
+    def layer(self) -> str | None:
+        return self.forward or self.backward
+
+    def describe(self) -> str:
+        if self.data_non_finite:
+            return "the batch itself holds NaN or inf"
+        if self.forward:
+            return f"{self.forward}'s output is non-finite"
+        if not self.loss_finite:
+            return "every layer's output is finite but the loss is not"
+        if self.backward:
+            return f"{self.backward}'s backward pass overflows at this loss scale"
+        return "nothing non-finite on this batch"
+
+
+def _non_finite(tensor) -> bool:
+    import tensorflow as tf
+
+    if tensor is None:
+        return False
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tensor.values
+    return bool(tensor.dtype.is_floating
+                and not tf.reduce_all(tf.math.is_finite(tensor)).numpy())
+
+
+def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
+    import tensorflow as tf
+
+    found = Probe()
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    if any(_non_finite(t) for t in tf.nest.flatten(x) if isinstance(t, tf.Tensor)):
+        found.data_non_finite = True
+        return found
+    captured: list[tuple[str, Any, Any]] = []
+
+    def capture(layer, output) -> None:
+        if isinstance(layer, keras.Model):
+            return
+        for tensor in tf.nest.flatten(output):
+            if isinstance(tensor, tf.Tensor) and tensor.dtype.is_floating:
+                captured.append((call_path(layer), layer, tensor))
+
+    with hook_layer_calls(after=capture), tf.GradientTape() as tape:
+        prediction = model(x, training=True)
+        try:
+            loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
+        except Exception as exc:  # noqa: BLE001 - a train_step with its own loss
+            found.notes.append(f"no compiled loss to trace ({type(exc).__name__})")
+            loss = None
+        scaled = None if loss is None else loss * (loss_scale or 1.0)
+    found.forward = next((path for path, _, tensor in captured if _non_finite(tensor)), None)
+    if loss is None or found.forward is not None:
+        return found
+    found.loss_finite = not _non_finite(loss)
+    if not found.loss_finite:
+        return found
+    weights = model.trainable_weights
+    gradients = tape.gradient(scaled, [t for _, _, t in captured] + weights,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    found.backward = _backward_culprit(captured, gradients[:len(captured)],
+                                       dict(zip(map(id, weights), gradients[len(captured):])))
+    return found
+
+
+def _backward_culprit(captured: list, output_grads: list, weight_grads: dict) -> str | None:
+    """Going back from the loss: a layer whose weight gradients are non-finite while the
+    gradient reaching its output is finite made them so; a non-finite gradient at a layer's
+    output was made by the backward pass of the layer called after it."""
+    for index in range(len(captured) - 1, -1, -1):
+        path, layer, _ = captured[index]
+        if _non_finite(output_grads[index]):
+            return captured[index + 1][0] if index + 1 < len(captured) else path
+        if any(_non_finite(weight_grads.get(id(w))) for w in layer.trainable_weights):
+            return path
+    return None
+
+
+def find_layer(model: keras.Model, path: str) -> keras.layers.Layer | None:
+    return next((layer for layer, found in layer_paths(model) if found == path), None)
+
+
+def place_in_float32(model: keras.Model, config: PrecisionConfig, path: str) -> list:
+    """Move the layer at ``path`` (and what it contains) to float32 compute; returns the
+    ``(layer, previous policy)`` pairs it changed, for ``undo``."""
+    layer = find_layer(model, path)
+    if layer is None:
+        return []
+    before = [(member, member.dtype_policy) for member in
+              [layer] + [sub for sub, _ in layer_paths(layer)]]
+    placer = Float32Placer(PrecisionConfig(policy=config.policy,
+                                           float32=Float32Placement(layers=(path,))))
+    placer._scope_open = False  # a built model: nothing is constructed any more
+    placer._checked = True
+    for member, _ in [(model, "")] + layer_paths(model):
+        placer._record_children(member)
+    placer.decide(layer, path)
+    return [(member, policy) for member, policy in before
+            if member.dtype_policy.name != policy.name]
+
+
+def whole_model_float32(model: keras.Model) -> list:
+    """Every layer (and the model, whose inputs it casts) to float32 compute."""
+    changed = []
+    for member in [model] + [layer for layer, _ in layer_paths(model)]:
+        if member.dtype_policy.name != "float32":
+            changed.append((member, member.dtype_policy))
+            member.dtype_policy = keras.DTypePolicy("float32")
+    return changed
+
+
+def undo(changed: list) -> None:
+    for member, policy in changed:
+        member.dtype_policy = policy
+
+
+def retrace(model: keras.Model) -> None:
+    """Dtype policies are read when a step is traced: make the step functions anew."""
+    model.make_train_function(force=True)
+    model.test_function = None
+    model.predict_function = None
