@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 import keras
+import numpy as np
 
 from tuner.apply.config import PrecisionConfig, PURE_POLICIES
 from tuner.apply.guard import cause
@@ -173,8 +174,11 @@ class PrecisionGuard(keras.callbacks.Callback):
                 "stopping. Train with guard.config, or in float32.")
         self.repairs += 1
         model, batch = self.model, self._batch()
-        found = cause.probe(model, batch, self._scale()) if batch is not None else None
         restored = self._snapshot.step if self._snapshot else None
+        broken = _non_finite_weights(model)
+        if broken and self._snapshot is not None:  # diagnose on the state that was still good
+            self._snapshot.restore(model)
+        found = cause.probe(model, batch, self._scale()) if batch is not None else None
         if self._snapshot is not None:
             self._snapshot.restore(model)
         if found is not None and found.data_non_finite:
@@ -206,7 +210,9 @@ class PrecisionGuard(keras.callbacks.Callback):
             cause.undo(changed)
         if self._dynamic() and kind in ("scale_at_floor", "skipped_updates") \
                 and found is not None and found.backward is not None:
-            return self._lower_floor(batch)
+            lowered = self._lower_floor(batch)
+            if lowered is not None:
+                return lowered
         if self._dynamic() and kind in ("scale_at_floor", "scale_collapsed", "skipped_updates"):
             initial = self.config.loss_scale.initial_scale
             self._optimizer.dynamic_scale.assign(initial)
@@ -236,12 +242,14 @@ class PrecisionGuard(keras.callbacks.Callback):
         finally:
             state.restore(self.model)
 
-    def _lower_floor(self, batch) -> str:
+    def _lower_floor(self, batch) -> str | None:
         """Gradients overflow float16 even at the floor (a loss in the billions): find the
         largest power-of-two scale below it at which the batch's backward pass is finite."""
         for exponent in range(1, 17):
             scale = self._floor / 2.0**exponent
             if not cause.probe(self.model, batch, scale).failing:
+                if not cause.probe(self.model, batch, self._floor).failing:
+                    return None  # it passed at the floor too: a passing burst, not the floor
                 scale /= 2.0**_FLOOR_HEADROOM  # one batch's largest gradient is not all batches'
                 self._floor = scale
                 if hasattr(self._optimizer, "floor"):
@@ -325,6 +333,11 @@ class PrecisionGuard(keras.callbacks.Callback):
         mlflow.log_dict({"events": self.events, "config": self.config.to_dict()},
                         "precision_guard.json")
         mlflow.set_tag("precision_guard.events", str(len(self.events)))
+
+
+def _non_finite_weights(model: keras.Model) -> bool:
+    return any(not np.all(np.isfinite(keras.ops.convert_to_numpy(w)))
+               for w in model.trainable_weights)
 
 
 def _loss_tracker(model: keras.Model):
