@@ -28,10 +28,9 @@ import sys
 from typing import Any
 
 import keras
-import numpy as np
 
 from tuner.apply.config import PrecisionConfig, PURE_POLICIES
-from tuner.apply.guard import cause
+from tuner.apply.guard import cause, readings
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import current_loss_scale
@@ -43,13 +42,6 @@ _FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch 
 
 class GuardError(TunerError):
     """The guard ran out of repairs; its message says what it saw and tried."""
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"PrecisionGuard: `{name}` must be an integer >= 1. Received: "
-                         f"{name}={value!r}. Pass e.g. {name}=50.")
-    return value
 
 
 class PrecisionGuard(keras.callbacks.Callback):
@@ -68,9 +60,9 @@ class PrecisionGuard(keras.callbacks.Callback):
                  float32_check: Any = None, data: Any = None, verbose: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.snapshot_every = _positive_int("snapshot_every", snapshot_every)
-        self.max_repairs = _positive_int("max_repairs", max_repairs)
-        self.max_skipped = _positive_int("max_skipped", max_skipped)
+        self.snapshot_every = readings.positive_int("snapshot_every", snapshot_every)
+        self.max_repairs = readings.positive_int("max_repairs", max_repairs)
+        self.max_skipped = readings.positive_int("max_skipped", max_skipped)
         self.spike_sigmas = float(spike_sigmas)
         self.float32_check = float32_check
         self.data = data
@@ -98,14 +90,14 @@ class PrecisionGuard(keras.callbacks.Callback):
         if self._keeper.wrap(model):
             model.make_train_function(force=True)  # fit made it before calling us
         self._optimizer = model.optimizer
-        self._tracker = _loss_tracker(model)
+        self._tracker = readings.loss_tracker(model)
         self._floor = float(getattr(self._optimizer, "floor", self.config.loss_scale.floor))
-        self._iterations = self._read_iterations()
+        self._iterations = readings.iterations(self.model)
         self._take_snapshot()
 
     def on_train_end(self, logs=None) -> None:
         self._keeper.unwrap()
-        self._log_to_mlflow()
+        readings.log_to_mlflow(self.history, self.events, self.config)
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self._epoch = epoch
@@ -118,7 +110,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         before = self._step
         self._step = self._epoch_base + int(batch) + 1
         steps = max(1, self._step - before)
-        iterations = self._read_iterations()
+        iterations = readings.iterations(self.model)
         applied = iterations - self._iterations
         self._iterations = iterations
         skipped = max(0, steps - applied) if self._scaled() else 0
@@ -133,11 +125,12 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs or {}
-        figures = {"epoch": epoch, "loss": _scalar(logs.get("loss")),
-                   "val_loss": _scalar(logs.get("val_loss")),
+        figures = {"epoch": epoch, "loss": readings.scalar(logs.get("loss")),
+                   "val_loss": readings.scalar(logs.get("val_loss")),
                    "loss_scale": self._scale(), "skipped_steps": self._skipped_epoch}
         if self.float32_check is not None:
-            figures.update(self._evaluate_both())
+            figures.update(readings.evaluate_as_is_and_in_float32(self.model,
+                                                                  self.float32_check))
         self.history.append(figures)
         val = figures["val_loss"]
         if val is not None and not math.isfinite(val):
@@ -175,7 +168,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         self.repairs += 1
         model, batch = self.model, self._batch()
         restored = self._snapshot.step if self._snapshot else None
-        broken = _non_finite_weights(model)
+        broken = readings.non_finite_weights(model)
         if broken and self._snapshot is not None:  # diagnose on the state that was still good
             self._snapshot.restore(model)
         found = cause.probe(model, batch, self._scale()) if batch is not None else None
@@ -187,7 +180,7 @@ class PrecisionGuard(keras.callbacks.Callback):
             action = self._repair(kind, found, batch)
             action = f"restored step {restored}; {action}" if restored is not None else action
         model.reset_metrics()
-        self._iterations = self._read_iterations()  # the snapshot's count
+        self._iterations = readings.iterations(self.model)  # the snapshot's count
         self._losses.reset()
         self._skipped_run = 0
         self._tried.append(action)
@@ -289,9 +282,6 @@ class PrecisionGuard(keras.callbacks.Callback):
         batch = self._keeper.batch()
         return batch if batch is not None else self.data
 
-    def _read_iterations(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
     def _scaled(self) -> bool:
         return isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -306,53 +296,4 @@ class PrecisionGuard(keras.callbacks.Callback):
         if self._tracker is not None:
             total = float(keras.ops.convert_to_numpy(self._tracker.total))
             count = float(keras.ops.convert_to_numpy(self._tracker.count))
-        return self._losses.step_loss(total, count, _scalar(logs.get("loss")))
-
-    def _evaluate_both(self) -> dict[str, float]:
-        """The float32 check: the same weights evaluated as they train and all in float32."""
-        data = self.float32_check
-        x, y = (data, None) if not isinstance(data, tuple) else (data[0], data[1])
-        as_is = self.model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
-        changed = cause.whole_model_float32(self.model)
-        self.model.test_function = None
-        try:
-            in_float32 = self.model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
-        finally:
-            cause.undo(changed)
-            self.model.test_function = None
-        return {"check_loss": float(as_is), "check_loss_float32": float(in_float32)}
-
-    def _log_to_mlflow(self) -> None:
-        mlflow = sys.modules.get("mlflow")  # only where the user's process uses MLflow
-        if mlflow is None or mlflow.active_run() is None:
-            return
-        for figures in self.history:
-            mlflow.log_metrics({f"guard_{key}": value for key, value in figures.items()
-                                if key != "epoch" and isinstance(value, (int, float))
-                                and math.isfinite(value)}, step=figures["epoch"])
-        mlflow.log_dict({"events": self.events, "config": self.config.to_dict()},
-                        "precision_guard.json")
-        mlflow.set_tag("precision_guard.events", str(len(self.events)))
-
-
-def _non_finite_weights(model: keras.Model) -> bool:
-    return any(not np.all(np.isfinite(keras.ops.convert_to_numpy(w)))
-               for w in model.trainable_weights)
-
-
-def _loss_tracker(model: keras.Model):
-    """Keras's running-mean loss metric (or a custom ``train_step``'s own, named "loss")."""
-    for metric in [getattr(model, "_loss_tracker", None), *model.metrics]:
-        if metric is not None and getattr(metric, "name", None) == "loss" \
-                and hasattr(metric, "total") and hasattr(metric, "count"):
-            return metric
-    return None
-
-
-def _scalar(value) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(keras.ops.convert_to_numpy(value))
-    except (TypeError, ValueError):
-        return None
+        return self._losses.step_loss(total, count, readings.scalar(logs.get("loss")))

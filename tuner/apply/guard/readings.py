@@ -1,0 +1,79 @@
+"""What the guard reads from Keras and hands on: the loss tracker and scalars of a training,
+whether its weights went non-finite, the float32 check's two evaluations, and the record in
+MLflow where the user's process has a run open.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+
+from tuner.apply.guard import cause
+
+
+def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:
+    """The float32 check: the same weights evaluated as they train and with every layer in
+    float32, which says what 16-bit compute costs the model now."""
+    x, y = (data, None) if not isinstance(data, tuple) else (data[0], data[1])
+    as_is = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+    changed = cause.whole_model_float32(model)
+    model.test_function = None
+    try:
+        in_float32 = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+    finally:
+        cause.undo(changed)
+        model.test_function = None
+    return {"check_loss": float(as_is), "check_loss_float32": float(in_float32)}
+
+
+def log_to_mlflow(history: list[dict], events: list[dict], config) -> None:
+    """Per-epoch figures as metrics, events and the amended config as an artifact, in the
+    MLflow run the user's process has open (none: nothing, and MLflow is not imported)."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
+        return
+    for figures in history:
+        mlflow.log_metrics({f"guard_{key}": value for key, value in figures.items()
+                            if key != "epoch" and isinstance(value, (int, float))
+                            and math.isfinite(value)}, step=figures["epoch"])
+    mlflow.log_dict({"events": events, "config": config.to_dict()}, "precision_guard.json")
+    mlflow.set_tag("precision_guard.events", str(len(events)))
+
+
+def non_finite_weights(model: keras.Model) -> bool:
+    return any(not np.all(np.isfinite(keras.ops.convert_to_numpy(w)))
+               for w in model.trainable_weights)
+
+
+def loss_tracker(model: keras.Model):
+    """Keras's running-mean loss metric (or a custom ``train_step``'s own, named "loss")."""
+    for metric in [getattr(model, "_loss_tracker", None), *model.metrics]:
+        if metric is not None and getattr(metric, "name", None) == "loss" \
+                and hasattr(metric, "total") and hasattr(metric, "count"):
+            return metric
+    return None
+
+
+def scalar(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"PrecisionGuard: `{name}` must be an integer >= 1. Received: "
+                         f"{name}={value!r}. Pass e.g. {name}=50.")
+    return value
+
+
+def iterations(model: keras.Model) -> int:
+    """Updates applied so far (a loss scale's skipped steps do not count)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
