@@ -85,6 +85,23 @@ def _add_other_commands(commands) -> None:
 
     commands.add_parser("spaces", help="list the built-in search spaces")
 
+    train = commands.add_parser(
+        "train", help="train a task to the end under a config, with the precision guard",
+        description="Train the task's model to the end under CONFIG with the precision guard "
+                    "(restores and repairs a failing 16-bit training); with --against float32 "
+                    "also in float32, side by side. Writes train.json in --run-dir.")
+    train.add_argument("task", metavar="TASK.py")
+    train.add_argument("--config", type=Path, required=True, metavar="FILE",
+                       help="an exported config (best_precision.json)")
+    train.add_argument("--epochs", type=positive_int, default=30,
+                       help="epochs [default: %(default)s]")
+    train.add_argument("--against", choices=("float32",),
+                       help="also train in float32 and compare validation losses")
+    train.add_argument("--run-dir", type=Path, default=Path("runs/train"),
+                       help="where train.json and guarded_config.json go [default: %(default)s]")
+    train.add_argument("--tracking-uri", metavar="URI",
+                       help="an MLflow tracking server [default: RUN_DIR/mlflow.db]")
+
 
 _SERVICE_EPILOG = """\
 The service is a Ray cluster (its job server takes the jobs) plus an MLflow tracking

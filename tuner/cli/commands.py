@@ -12,6 +12,7 @@ from tuner.execution.local import LocalProcessExecutor
 from tuner.records.diagnostics_report import print_table
 from tuner.records.mlflow_stores import default_tracking_uri, ui_paths
 from tuner.records.run_store import RunStore
+from tuner.run.guarded_training import train as train_guarded
 from tuner.run.task_file import check_task_file
 from tuner.search.space_files import builtin_space_names, load_space
 
@@ -102,4 +103,12 @@ def spaces(args) -> int:
         space = load_space(name)
         print(f"{name:10} {space.size():5} configs, {space.trials:3} trials  "
               f"{' '.join(space.description.split())}")
+    return 0
+
+
+def train(args) -> int:
+    if not Path(args.task).is_file():
+        raise UsageError(f"task file not found: {args.task!r}. Pass the path of a task file.")
+    train_guarded(Path(args.task), args.config, args.epochs, args.against, args.run_dir,
+                  args.tracking_uri)
     return 0
