@@ -195,3 +195,28 @@ def test_a_healthy_training_has_the_same_history_bit_for_bit_and_no_event():
     assert guarded == plain
     assert watcher.events == [] and watcher.repairs == 0
     assert len(watcher.history) == 4 and watcher.snapshot_bytes > 0
+
+
+def test_kerass_own_mixed_float16_overflow_is_named_at_the_head_and_repaired(houses):
+    """The issue's case as a new user meets it: Keras's own loss scale (no floor, added by
+    compile), the head's float16 predictions passing 65504 some epochs in."""
+    task = _houses()
+    data, validation = task.train_data(), task.val_data()
+    float32_val = houses["float32"][1]["val_loss"][-1]
+    runs = {}
+    for guard in (False, True):
+        keras.utils.set_random_seed(0)
+        keras.backend.clear_session()
+        with FLOAT16.scope():
+            model = task.build_model()
+        model.compile(optimizer=task.make_optimizer(), loss="mse")  # Keras adds its scale
+        watcher = FLOAT16.guard() if guard else None
+        history = model.fit(*data, batch_size=128, epochs=30, shuffle=False, verbose=0,
+                            validation_data=validation, callbacks=[watcher] if watcher else [])
+        runs[guard] = history.history["val_loss"], watcher
+    assert not math.isfinite(runs[False][0][-1])  # inf, then nan, to the end
+    val_losses, watcher = runs[True]
+    assert val_losses[-1] <= 1.5 * float32_val
+    overflow = [event for event in watcher.events if event["kind"] == "non_finite_loss"]
+    assert overflow and overflow[0]["layer"] == "price" and overflow[0]["epoch"] > 2
+    assert "moved price to float32" in overflow[0]["action"]
