@@ -33,7 +33,7 @@ from tuner.apply.config import PrecisionConfig, PURE_POLICIES
 from tuner.apply.guard import cause, readings
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
-from tuner.apply.loss_scaling import current_loss_scale
+from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
 from tuner.errors import TunerError
 
 
@@ -286,7 +286,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         return isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
 
     def _dynamic(self) -> bool:
-        return self._scaled() and self._optimizer.dynamic_growth_steps < 2**31 - 1
+        return self._scaled() and not isinstance(self._optimizer, FixedLossScaleOptimizer)
 
     def _scale(self) -> float | None:
         return current_loss_scale(self._optimizer)
