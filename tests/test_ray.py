@@ -2,6 +2,7 @@
 cluster on loopback, a lost node and hung workers: tests/faults.)"""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +41,16 @@ def test_local_pool_of_two_workers_runs_a_study(tmp_path):
     assert any(not t["result"]["exclusive_timing"] for t in trials[1:])  # then side by side
     assert "‡ timed while another trial ran" in output
     remeasured = [t for t in trials if t["remeasured_ms"] is not None]
-    assert trials[0] in remeasured and all(t["verdict"] == "stable" for t in remeasured)
+    if "every stable 16-bit config is clearly slower than float32" in output:
+        # On a CPU, 12 steps can put every 16-bit trial clearly behind float32: then nothing
+        # is re-timed, and the summary names each one it dropped.
+        assert remeasured == []
+        stable = {t["number"] for t in trials[1:] if t["verdict"] == "stable"}
+        dropped = {int(n) for n in re.findall(r"dropped #(\d+) ", output)}
+        assert dropped and dropped <= stable
+    else:
+        assert trials[0] in remeasured and len(remeasured) >= 2
+        assert all(t["verdict"] == "stable" for t in remeasured)
 
 
 def _actor_pids(method, marker):
