@@ -2,7 +2,9 @@
 ``__main__`` (nothing to import from a task file), and handed to ``tuner.tune``.
 
 Run it:  python examples/from_python.py [--executor local|ray] [--run-dir DIR]
-Each block below is what a notebook cell would hold.
+Each block below is what a notebook cell would hold. The script is written flat, with no
+``if __name__ == "__main__":`` guard, as KerasTuner and Optuna scripts are: the tuner's
+workers never re-run it.
 """
 
 import argparse
@@ -26,30 +28,25 @@ def build_model():
     return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--executor", default="local", choices=("local", "ray"))
-    parser.add_argument("--run-dir", default=None)
-    args = parser.parse_args()
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--executor", default="local", choices=("local", "ray"))
+parser.add_argument("--run-dir", default=None)
+args = parser.parse_args()
 
-    # -- cell 3: tune (the CLI's options are keyword arguments) ------------------------------
-    result = tuner.tune(build_model=build_model, train_data=(x, y),
-                        loss="sparse_categorical_crossentropy",
-                        optimizer=lambda: keras.optimizers.Adam(1e-3),
-                        batch_size=128, space="quick", trials=3, steps=20, no_confirm=True,
-                        executor=args.executor, run_dir=args.run_dir)
-    print(result)
-    print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])
+# -- cell 3: tune (the CLI's options are keyword arguments) ----------------------------------
+result = tuner.tune(build_model=build_model, train_data=(x, y),
+                    loss="sparse_categorical_crossentropy",
+                    optimizer=lambda: keras.optimizers.Adam(1e-3),
+                    batch_size=128, space="quick", trials=3, steps=20, no_confirm=True,
+                    executor=args.executor, run_dir=args.run_dir)
+print(result)
+print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])
 
-    # -- cell 4: apply the pick to your own training -----------------------------------------
-    cfg = result.best
-    with cfg.scope():
-        model = build_model()
-    model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)),
-                  loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
-    history = model.fit(x, y, batch_size=128, epochs=1, verbose=0)
-    print(f"applied {cfg.describe()}: one epoch, loss {history.history['loss'][-1]:.4f}")
-
-
-if __name__ == "__main__":
-    main()
+# -- cell 4: apply the pick to your own training ---------------------------------------------
+cfg = result.best
+with cfg.scope():
+    model = build_model()
+model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)),
+              loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
+history = model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+print(f"applied {cfg.describe()}: one epoch, loss {history.history['loss'][-1]:.4f}")

@@ -1,23 +1,21 @@
 """Trials in one local subprocess: ``LocalProcessExecutor`` (``tuner.execution.base.Executor``).
 
-``LocalProcessExecutor`` keeps one long-lived worker process (spawned, so the driver never
-imports TensorFlow): TensorFlow is imported once and reused across trials. A worker that dies
-(segfault, killed for memory) fails only that trial and is replaced; a trial past its time limit
-has its worker killed and is recorded as a timeout.
+``LocalProcessExecutor`` keeps one long-lived worker program (tuner.execution.local_worker; its
+own program, so the driver never imports TensorFlow and the worker never re-runs the caller's
+script): TensorFlow is imported once and reused across trials. A worker that dies (segfault,
+killed for memory) fails only that trial and is replaced; a trial past its time limit has its
+worker killed and is recorded as a timeout.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import multiprocessing
 import os
 import tempfile
-import time
-from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Sequence
 
 from tuner.errors import TrialInfrastructureError, TunerError, error_line
+from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
 from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.worker import process as worker_process
@@ -55,36 +53,31 @@ class LocalProcessExecutor:
             handle, log_path = tempfile.mkstemp(prefix="precision-tuner-worker-", suffix=".log")
             os.close(handle)
         self.log_path = log_path
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        # The pool's worker process, held here: once the pool breaks, its own list may already
-        # be emptied by its management thread, and the crash's exit code with it.
-        self._workers: list = []
+        self._worker: WorkerProcess | None = None
         self._pending: tuple[TrialSpec, float] | None = None
         self.submissions: SubmissionLog | None = None
 
-    def _ensure_pool(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                initializer=worker_process.start_local_worker, initargs=(self.log_path,))
-        return self._pool
+    def _ensure_worker(self) -> WorkerProcess:
+        if self._worker is None:
+            self._worker = WorkerProcess(self.log_path)
+        return self._worker
 
     def _call(self, what: str, function, *args, timeout_s: float) -> dict:
         """Run a one-off job (task check, diagnostics) in the worker; TaskError passes through."""
-        future = self._ensure_pool().submit(function, *args)
         try:
-            return future.result(timeout=timeout_s)
+            return self._ensure_worker().call(function, *args, timeout_s=timeout_s)
         except TunerError:
             raise  # a bad task file (TaskError) reaches the caller as itself
-        except concurrent.futures.TimeoutError:
-            self._kill()
+        except WorkerTimedOut:
+            self._worker = None
             raise TrialInfrastructureError(
                 f"{what} took longer than {timeout_s:.0f} s (train_data() or build_model() may "
                 "hang); see the worker log " + self.log_path) from None
-        except BrokenProcessPool:
-            self._kill()
+        except WorkerDied as died:
+            self._worker = None
             raise TrialInfrastructureError(
-                f"the worker process crashed during {what}; see " + self.log_path) from None
+                f"the worker process crashed during {what} ({died}); see the worker log "
+                + self.log_path) from None
         except Exception as exc:  # noqa: BLE001 - the same as on Ray: not the user's input
             raise TrialInfrastructureError(f"{what} failed: {error_line(exc)}") from None
 
@@ -121,10 +114,13 @@ class LocalProcessExecutor:
 
     def keep_live_only(self, specs: list[TrialSpec]) -> None:
         """Let the worker keep only these specs' models alive."""
-        if self._pool is not None:
-            with contextlib.suppress(Exception):  # a crashed worker keeps nothing anyway
-                self._pool.submit(keep_only, [s.to_dict() for s in specs]).result(
-                    timeout=60)
+        self._quietly(keep_only, [s.to_dict() for s in specs])
+
+    def _quietly(self, function, *args) -> None:
+        """Housekeeping in the worker; a crashed worker keeps nothing anyway."""
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                self._worker.call(function, *args, timeout_s=60)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["_LocalSession"]:
@@ -133,66 +129,35 @@ class LocalProcessExecutor:
         try:
             yield _LocalSession(self)
         finally:
-            if self._pool is not None:
-                with contextlib.suppress(Exception):
-                    self._pool.submit(release).result(timeout=60)
+            self._quietly(release)
 
     def run(self, spec: TrialSpec, time_limit_s: float, function=run_trial) -> TrialResult:
         if self.submissions is not None:
             self.submissions.write(spec, "re-measurement" if function is run_live else "search")
-        future = self._ensure_pool().submit(function, spec.to_dict())
-        self._workers = list(getattr(self._pool, "_processes", {}).values()) or self._workers
         try:
-            return TrialResult.from_dict(future.result(timeout=time_limit_s))
-        except concurrent.futures.TimeoutError:
-            self._kill()
+            answer = self._ensure_worker().call(function, spec.to_dict(), timeout_s=time_limit_s)
+        except WorkerTimedOut:
+            self._worker = None
             return TrialResult.failed(spec.number, FailureClass.TIMEOUT,
                                       f"trial exceeded its time limit of {time_limit_s:.0f} s; "
                                       "worker killed", warmup_steps=spec.warmup_steps)
-        except BrokenProcessPool:
-            code = self._kill()
+        except WorkerDied as died:
+            self._worker = None
             return TrialResult.failed(spec.number, FailureClass.WORKER_CRASHED,
-                                      f"worker process crashed (exit code {code}); replaced",
+                                      f"worker process crashed ({died}); replaced",
                                       warmup_steps=spec.warmup_steps)
-
-    def _kill(self) -> int | None:
-        """Kill the worker process (a running TensorFlow op cannot be interrupted otherwise)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return None
-        code = None
-        processes = list(getattr(pool, "_processes", {}).values()) or self._workers
-        self._workers = []
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-            exit_code = _exit_code(process, 5.0)
-            code = exit_code if code is None else code
-        pool.shutdown(wait=False, cancel_futures=True)
-        return code
+        return TrialResult.from_dict(answer)
 
     def close(self) -> None:
-        pool, self._pool, self._workers = self._pool, None, []
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
     def __enter__(self) -> "LocalProcessExecutor":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _exit_code(process, timeout_s: float) -> int | None:
-    """``process``'s exit code once it is dead. The broken pool's own thread joins the same
-    process: when it reaps it between our check and our ``waitpid``, ours fails and reads None
-    until that thread has stored the code (seen as "exit code None" under the OOM killer), so
-    keep reading until it has, within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    process.join(timeout_s)
-    while process.exitcode is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return process.exitcode
 
 
 class _LocalSession:

@@ -1,7 +1,7 @@
 """What a worker process is, for either executor: started once, then runs specs.
 
-The local executor's subprocess starts with ``start_local_worker`` (its log file, an exit when
-its driver dies, the frameworks imported once); a Ray actor is a ``TrialWorker``
+The local executor's worker program (tuner.worker.serve) starts with ``start_local_worker`` (an
+exit when its driver dies, the frameworks imported once); a Ray actor is a ``TrialWorker``
 (tuner.execution.ray_pool wraps it in ``ray.remote``), which also sizes TensorFlow's thread
 pools to its share of the node and turns on GPU memory growth. Everything here runs inside the
 TensorFlow process; the driver only names these functions.
@@ -33,14 +33,11 @@ def _exit_with_parent() -> None:
             os._exit(1)
 
 
-def start_local_worker(log_path: str) -> None:
-    """The local executor's subprocess, before its first trial."""
+def start_local_worker() -> None:
+    """The local executor's worker program (tuner.worker.serve), before its first request. Its
+    stdout and stderr (TensorFlow and Keras chatter, user prints) are the worker log already."""
     os.environ.update(_WORKER_ENV)
     threading.Thread(target=_exit_with_parent, daemon=True).start()
-    # The worker's stdout/stderr (TensorFlow and Keras chatter, user prints) go to a log file.
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
     import warnings
 
     warnings.simplefilter("ignore")
