@@ -11,7 +11,7 @@ from tuner.run.remeasure import remeasure
 from tuner.trial_types import FailureClass, TrialResult
 
 PLACEBO = """
-policies: [float32]
+policies: [float32, mixed_bfloat16]
 epsilon:
   backend: [null, 1.0e-4, 1.0e-3]
   optimizer: [null, 1.0e-4, 1.0e-3]
@@ -44,7 +44,8 @@ def tune(space, machine, tmp_path, **options):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_placebo_space_exports_plain_float32(tmp_path, seed):
-    """Epsilons do not change a step's cost: no such config may be exported as a speedup."""
+    """Neither bfloat16 nor its epsilons change a step's cost here: no such config may be
+    exported as a speedup."""
     machine = Machine(step_ms=lambda config: 20.0, drift=0.06, seed=seed)
     scheduler, outcome, _, _ = tune(space_file(tmp_path, PLACEBO), machine, tmp_path,
                                     trials=9, seed=seed)

@@ -1,20 +1,21 @@
 """Search spaces: frozen, self-validating dataclasses (parsed from YAML by tuner.search.space_files).
 
 Every dimension is a list of choices, so a space is both what Optuna samples from and a finite
-grid. Loss-scale dimensions are only sampled where the policy computes in float16.
+grid (enumerated by tuner.search.grid). Loss-scale dimensions are only sampled where the policy
+computes in float16, each epsilon only where it guards a 16-bit quantity.
 No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 ``suggest_categorical(name, choices)``.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
                           PrecisionConfig, compute_dtype_of)
 from tuner.errors import SearchSpaceError
+from tuner.search.grid import grid_params, grid_size
 from tuner.search.layer_matches import (effective_placement, group_paths, no_layer_message,
                                         pattern_paths, placed_layers)
 
@@ -64,6 +65,9 @@ class SearchSpace:
     # How 16-bit weights take their updates, searched under pure policies only.
     weight_updates: tuple[str, ...] = ("nearest",)
     risky_layers: tuple[str, ...] = ()     # filled from diagnostics at run time
+    # Output layers whose targets a 16-bit output cannot produce (diagnostics' output_heads):
+    # (layer path, compute dtypes under which every config keeps it in float32).
+    output_heads: tuple[tuple[str, tuple[str, ...]], ...] = ()
     trials: int = 8
     budget: TrialBudget = TrialBudget()
 
@@ -85,10 +89,12 @@ class SearchSpace:
         if params["policy"] in PURE_POLICIES:
             params["weight_update"] = trial.suggest_categorical(
                 "weight_update", list(self.weight_updates))
-        params["backend_epsilon"] = trial.suggest_categorical(
-            "backend_epsilon", list(self.backend_epsilons))
-        params["optimizer_epsilon"] = trial.suggest_categorical(
-            "optimizer_epsilon", list(self.optimizer_epsilons))
+        backend, optimizer = self.epsilons_for(params["policy"])
+        if backend:
+            params["backend_epsilon"] = trial.suggest_categorical("backend_epsilon", list(backend))
+        if optimizer:
+            params["optimizer_epsilon"] = trial.suggest_categorical("optimizer_epsilon",
+                                                                    list(optimizer))
         if params["policy"] != "float32":  # placing layers in float32 is a no-op there
             for group in self.float32_groups:
                 params[f"f32_{group}"] = trial.suggest_categorical(f"f32_{group}", [False, True])
@@ -100,6 +106,33 @@ class SearchSpace:
                 params["f32_riskiest"] = trial.suggest_categorical(
                     "f32_riskiest", list(range(len(self.risky_layers) + 1)))
         return self.config_from_params(params)
+
+    def epsilons_for(self, policy: str) -> tuple[tuple[float | None, ...], ...]:
+        """The backend and optimizer epsilons searched under ``policy``; empty where an epsilon
+        is no precision question and stays the task's own: the backend epsilon only where the
+        policy computes in 16 bits, the optimizer's only where weights and optimizer state are
+        16-bit (pure policies). Elsewhere a changed epsilon changes the training, not its
+        precision: a float32 trial with another epsilon is judged against a baseline it does
+        not share an optimizer with."""
+        backend = self.backend_epsilons if compute_dtype_of(policy) != "float32" else ()
+        optimizer = self.optimizer_epsilons if policy in PURE_POLICIES else ()
+        return backend, optimizer
+
+    def epsilon_notes(self) -> list[str]:
+        """One line per searched epsilon saying where it is searched."""
+        notes = []
+        for key, values, where, needed in (
+                ("backend", self.backend_epsilons, "a policy computes in 16 bits",
+                 any(compute_dtype_of(p) != "float32" for p in self.policies)),
+                ("optimizer", self.optimizer_epsilons, "weights and optimizer state are 16-bit "
+                 "(float16, bfloat16)", any(p in PURE_POLICIES for p in self.policies))):
+            if values == (None,):
+                continue
+            listed = ", ".join("default" if v is None else f"{v:g}" for v in values)
+            notes.append(f"epsilon.{key} [{listed}]: searched only where {where}; elsewhere "
+                         "an epsilon changes the optimizer, not the precision"
+                         + ("" if needed else " (no policy of this space, so never)"))
+        return notes
 
     def fitted(self, matches: Mapping[str, Any],
                optimizer: Mapping[str, Any] | None = None) -> tuple["SearchSpace", list[str]]:
@@ -131,7 +164,8 @@ class SearchSpace:
             notes.append(f"epsilon.optimizer [{values}]: {optimizer['class']} has no epsilon, so "
                          "no config can set one: dropped from the space")
             epsilons = (None,)
-        return replace(self, float32_groups=tuple(kept), optimizer_epsilons=epsilons), notes
+        fitted = replace(self, float32_groups=tuple(kept), optimizer_epsilons=epsilons)
+        return fitted, notes + fitted.epsilon_notes()
 
     def fitted_to_steps(self, steps: int) -> tuple["SearchSpace", list[str]]:
         """This space without growth intervals a ``steps``-step trial cannot tell apart: a
@@ -156,9 +190,11 @@ class SearchSpace:
             any(compute_dtype_of(p) == "float16" for p in self.policies)
 
     def with_diagnostics(self, ranked_layers: Sequence[str],
-                         recommended_scale: float | None = None) -> "SearchSpace":
-        """This space with what diagnostics found: the riskiest layers (for `auto_layers`) and
-        the recommended initial loss scale (for `initial_scales: [auto, ...]`)."""
+                         recommended_scale: float | None = None,
+                         output_heads: Sequence[Mapping[str, Any]] = ()) -> "SearchSpace":
+        """This space with what diagnostics found: the riskiest layers (for `auto_layers`), the
+        recommended initial loss scale (for `initial_scales: [auto, ...]`) and the output
+        layers that stay float32 under the compute dtypes their targets need."""
         scales = self.initial_scales
         if self.auto_initial_scale and recommended_scale:
             # Never the floor itself: a scale that starts there reads as collapsed at once.
@@ -167,8 +203,10 @@ class SearchSpace:
                              for k in AUTO_SCALE_EXPONENTS})
             scales = tuple(around) if self.auto_initial_scale == "only" else \
                 scales + tuple(s for s in around if s not in scales)
+        heads = tuple((path, tuple(entry["needs_float32_in"])) for entry in output_heads
+                      for path in entry["layers"])
         return replace(self, risky_layers=tuple(ranked_layers[:self.float32_auto_layers]),
-                       initial_scales=scales)
+                       initial_scales=scales, output_heads=heads)
 
     def config_from_params(self, params: Mapping[str, Any]) -> PrecisionConfig:
         kind = params.get("loss_scale", "none")
@@ -182,6 +220,9 @@ class SearchSpace:
         layers = tuple(p for p in self.float32_layers if params.get(f"f32_layer:{p}"))
         riskiest = self.risky_layers[:int(params.get("f32_riskiest", 0))]
         layers += tuple(name for name in riskiest if name not in layers)
+        compute = compute_dtype_of(params["policy"])
+        layers += tuple(path for path, dtypes in self.output_heads
+                        if compute in dtypes and path not in layers)
         return PrecisionConfig(
             policy=params["policy"], loss_scale=loss_scale,
             epsilon=Epsilon(params.get("backend_epsilon"), params.get("optimizer_epsilon")),
@@ -207,10 +248,11 @@ class SearchSpace:
         if policy in PURE_POLICIES:
             params["weight_update"] = "nearest" if "nearest" in self.weight_updates \
                 else self.weight_updates[0]
-        params["backend_epsilon"] = None if None in self.backend_epsilons \
-            else self.backend_epsilons[0]
-        params["optimizer_epsilon"] = None if None in self.optimizer_epsilons \
-            else self.optimizer_epsilons[0]
+        backend, optimizer = self.epsilons_for(policy)
+        if backend:
+            params["backend_epsilon"] = None if None in backend else backend[0]
+        if optimizer:
+            params["optimizer_epsilon"] = None if None in optimizer else optimizer[0]
         if policy != "float32":
             for group in self.float32_groups:
                 params[f"f32_{group}"] = group in float32_groups
@@ -241,45 +283,8 @@ class SearchSpace:
 
     def grid_params(self) -> Iterator[dict[str, Any]]:
         """The Optuna params of every distinct config (``suggest`` maps each to its config)."""
-        names = [f"f32_{g}" for g in self.float32_groups] + \
-                [f"f32_layer:{p}" for p in self.float32_layers]
-        switches = list(itertools.product([False, True], repeat=len(names)))
-        for policy in self.policies:
-            scales: list[dict[str, Any]] = [{}]
-            if compute_dtype_of(policy) == "float16":
-                scales = []
-                for kind in self.loss_scale_kinds:
-                    if kind == "dynamic":
-                        scales += [{"loss_scale": kind, "initial_scale": s, "growth_steps": g}
-                                   for s in self.initial_scales for g in self.growth_steps]
-                    elif kind == "fixed":
-                        scales += [{"loss_scale": kind, "fixed_value": v} for v in self.fixed_values]
-                    else:
-                        scales.append({"loss_scale": kind})
-            mixed = policy != "float32"  # float32 placement is a no-op under float32
-            updates = [{"weight_update": u} for u in self.weight_updates] \
-                if policy in PURE_POLICIES else [{}]
-            for scale, update, eps_b, eps_o, switch in itertools.product(
-                    scales, updates, self.backend_epsilons, self.optimizer_epsilons,
-                    switches if mixed else [()]):
-                params = {"policy": policy, **scale, **update, "backend_epsilon": eps_b,
-                          "optimizer_epsilon": eps_o, **dict(zip(names, switch))}
-                if mixed and self.risky_layers:
-                    for k in range(len(self.risky_layers) + 1):
-                        yield {**params, "f32_riskiest": k}
-                else:
-                    yield params
+        return grid_params(self)
 
     def size(self) -> int:
         """Number of distinct configs, computed without enumerating the grid."""
-        scale_options = sum(len(self.initial_scales) * len(self.growth_steps) if kind == "dynamic"
-                            else len(self.fixed_values) if kind == "fixed" else 1
-                            for kind in self.loss_scale_kinds)
-        switches = 2 ** (len(self.float32_groups) + len(self.float32_layers)) \
-            * (len(self.risky_layers) + 1)
-        epsilons = len(self.backend_epsilons) * len(self.optimizer_epsilons)
-        return sum(epsilons
-                   * (scale_options if compute_dtype_of(policy) == "float16" else 1)
-                   * (len(self.weight_updates) if policy in PURE_POLICIES else 1)
-                   * (switches if policy != "float32" else 1)
-                   for policy in self.policies)
+        return grid_size(self)
