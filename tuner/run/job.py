@@ -17,7 +17,8 @@ from typing import Any
 
 from tuner import job_context
 from tuner.run.plan import RunPlan
-from tuner.search.proposer import Proposer, create_study, recover_study
+from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
+from tuner.search.study_versions import continue_study, fits
 from tuner.run.remeasure import remeasure
 from tuner.records.results import Progress, TuneSummary
 from tuner.records.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
@@ -31,13 +32,19 @@ from tuner.records.mlflow_stores import default_tracking_uri
 
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
-          task_info: dict[str, Any]) -> tuple[Any, Scheduler]:
+          task_info: dict[str, Any]) -> tuple[Any, Scheduler, list[str]]:
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
         study = create_study(plan.run_dir, record["study_name"], plan.seed, resume=True,
                              objective=plan.objective)
         requeued = recover_study(study)
+        study, notes = continue_study(study, plan.space, study_storage(plan.run_dir))
+        if study.study_name != record["study_name"]:
+            store.update_run(study_name=study.study_name)
+            notes += [f"re-queued trial {params} left out: the space no longer offers it"
+                      for params in requeued if not fits(params, plan.space)]
+            requeued = [params for params in requeued if fits(params, plan.space)]
         store.repair_trials_log()  # the trial whose line a kill cut short is run again
         trials = store.read_trials()
         recorded = {t["run_id"] for t in trials if t.get("run_id")}
@@ -50,7 +57,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
             if row.run_id in behind:
                 tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                   judgement=row.judgement, baseline_ms=baseline_ms)
-        return study, scheduler
+        return study, scheduler, notes
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
@@ -65,7 +72,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
                      .isoformat(timespec="seconds")})
-    return study, scheduler_factory(study, [])
+    return study, scheduler_factory(study, []), []
 
 
 def tune(plan: RunPlan, executor, progress: Progress | None = None,
@@ -96,7 +103,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler = _open(plan, tracker, store, scheduler_factory, task_info)
+    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info)
     if hasattr(executor, "announce"):  # a shared cluster: say in MLflow when waiting for a node
         executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
@@ -116,7 +123,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
                 if row.remeasured_ms is not None and row.run_id:
                     tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
         summary = summary_of(plan, scheduler, outcome, exhausted, started, tracker, task_info)
-        summary.record_notes = records.outage_lines() + node_losses(executor, store)
+        summary.record_notes = notes + records.outage_lines() + node_losses(executor, store)
         close_records(plan, summary, scheduler, tracker if records.outage is None else None,
                        store, diagnostics, mlflow_missing=sorted(set(records.missing)))
     # The wall time and its breakdown include the records, so they are written last.

@@ -230,12 +230,17 @@ def repair_for(row) -> PrecisionConfig | None:
     return dataclasses.replace(row.config, float32=placement)
 
 
+def study_storage(run_dir: Path) -> str:
+    """The run directory's Optuna storage (SQLite)."""
+    return f"sqlite:///{(run_dir / 'optuna.db').resolve()}"
+
+
 def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = False,
                  objective: str = "speed"):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{(run_dir / 'optuna.db').resolve()}"
+    storage = study_storage(run_dir)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
     if resume:
         return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
