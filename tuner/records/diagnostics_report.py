@@ -87,6 +87,16 @@ def describe_continuous(entry: dict[str, Any]) -> str:
             f"{entry['layer']} in float32")
 
 
+def describe_head(entry: dict[str, Any]) -> str:
+    """``output 0 (price, Dense) must produce targets 3.4e+04..6.1e+05 (targets up to 6.1e+05
+    pass float16's 65504 / 4 headroom), so every float16 config keeps price in float32``"""
+    dtypes = " and ".join(entry["needs_float32_in"])
+    whys = "; ".join(entry["needs_float32_in"].values())
+    return (f"output {entry['output']} ({entry['layer']}, {entry['class']}) must produce "
+            f"targets {entry['min']:.3g}..{entry['max']:.3g} ({whys}), so every {dtypes} "
+            f"config keeps {', '.join(entry['layers'])} in float32")
+
+
 def conclusions(diagnostics: dict[str, Any]) -> list[str]:
     if diagnostics.get("unavailable"):
         return [f"not taken: {diagnostics['unavailable']}; the search runs on the space as "
@@ -102,6 +112,7 @@ def conclusions(diagnostics: dict[str, Any]) -> list[str]:
                      f"{entry['layer']} in float32 (or feed it int32)")
     for entry in diagnostics.get("continuous_inputs", []):
         lines.append(describe_continuous(entry))
+    lines += [describe_head(entry) for entry in diagnostics.get("output_heads", [])]
     lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
                  f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
                  + ("it lifts the smallest gradients out of float16's subnormal range)"

@@ -161,7 +161,8 @@ class RunPlan:
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""
         space = self.space.with_diagnostics(diagnostics["candidates"],
-                                            diagnostics["loss_scale"]["initial_scale"])
+                                            diagnostics["loss_scale"]["initial_scale"],
+                                            diagnostics.get("output_heads", ()))
         trials = space.size() if self.exhaustive else self.trials
         return dataclasses.replace(
             self, space=space, trials=trials,

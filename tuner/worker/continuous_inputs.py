@@ -61,12 +61,20 @@ def _cast(values: np.ndarray, dtype: str) -> np.ndarray:
     return values.astype(_numpy_dtype(dtype)).astype(np.float64)
 
 
-def _step(magnitude: float, dtype: str) -> float | None:
+def step_at(magnitude: float, dtype: str) -> float | None:
     """The distance between neighbouring ``dtype`` values at ``magnitude``; None past its
     largest value (float16 overflows)."""
     with np.errstate(over="ignore", invalid="ignore"):
         step = float(np.spacing(np.asarray(magnitude).astype(_numpy_dtype(dtype))))
     return step if np.isfinite(step) else None
+
+
+def rounding_noise(values: np.ndarray, dtype: str, spread: float) -> tuple[float, int]:
+    """The RMS error a cast of ``values`` to ``dtype`` adds, relative to ``spread``, and how
+    many distinct values survive it (float16's overflow clipped away: see ``_in_range``)."""
+    exact = _in_range(values, dtype)
+    rounded = _cast(exact, dtype)
+    return float(np.sqrt(np.mean((rounded - exact) ** 2)) / spread), int(np.unique(rounded).size)
 
 
 def suspects(table: np.ndarray) -> list[int]:
@@ -94,11 +102,8 @@ def erasure(values: np.ndarray) -> dict[str, Any] | None:
     typical = float(np.median(magnitudes))
     noise, survive, step = {}, {}, {}
     for dtype in SIXTEEN_BIT:
-        exact = _in_range(values, dtype)
-        rounded = _cast(exact, dtype)
-        noise[dtype] = float(np.sqrt(np.mean((rounded - exact) ** 2)) / spread)
-        survive[dtype] = int(np.unique(rounded).size)
-        step[dtype] = _step(typical, dtype)
+        noise[dtype], survive[dtype] = rounding_noise(values, dtype, spread)
+        step[dtype] = step_at(typical, dtype)
     erased_in = [dtype for dtype in SIXTEEN_BIT if noise[dtype] > ERASING_NOISE]
     if not erased_in:
         return None

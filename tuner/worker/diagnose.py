@@ -12,7 +12,9 @@ at scale 1 and at the recommended scale (``weight_gradient_flushed``), the evide
 precision paper chose its scales by. Layers that receive float tensors carrying integers beyond
 16-bit's exact range (``integer_inputs``, see tuner.worker.integer_inputs), and layers that
 receive continuous features that a 16-bit cast erases (``continuous_inputs``: a large offset, a
-small spread, see tuner.worker.continuous_inputs) are candidates ahead of all others.
+small spread, see tuner.worker.continuous_inputs), and output layers whose targets a 16-bit
+output cannot produce (``output_heads``, see tuner.worker.output_targets) are candidates ahead
+of all others.
 Plain data out (``diagnose_task`` returns a dict).
 """
 
@@ -170,7 +172,7 @@ def unavailable(task, steps: int, why: str) -> dict[str, Any]:
     """Diagnostics that could not be taken (``why``): no layer, no candidate, Keras's own
     initial loss scale. The search then runs on the space as written."""
     return {"task": str(task.path), "steps": steps, "layers": [], "candidates": [],
-            "integer_inputs": [], "continuous_inputs": [],
+            "integer_inputs": [], "continuous_inputs": [], "output_heads": [],
             "loss_scale": recommend_loss_scale(0.0, 0.0),
             "gradient_abs_max": 0.0, "gradient_p01_nonzero": 0.0, "unavailable": why}
 
@@ -184,6 +186,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     from tuner.apply.scope import call_path, hook_layer_calls
     from tuner.worker.continuous_inputs import ContinuousInputs
     from tuner.worker.integer_inputs import integer_inputs_of
+    from tuner.worker.output_targets import OutputTargets
 
     model.compile(optimizer=task.optimizer(), loss=task.loss)
     first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])
@@ -193,6 +196,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     captured: list[tuple[str, Any, Any]] = []
     integer_inputs: dict[str, dict[str, Any]] = {}
     continuous = ContinuousInputs()
+    targets = OutputTargets()
 
     def inputs(layer, args, kwargs) -> None:
         path = call_path(layer)
@@ -213,6 +217,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
         with hook_layer_calls(before=inputs, after=capture), tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
+        targets.observe(prediction, y, captured)
         tensors = [tensor for _, _, tensor in captured]
         weights = model.trainable_weights
         gradients = tape.gradient(loss, tensors + weights,
@@ -220,18 +225,25 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
         weight_grads = gradients[len(tensors):]
         _record_step(records, order, captured, gradients[:len(tensors)], weights, weight_grads)
         model.optimizer.apply(weight_grads, weights)
-    layers = [records[name] for name in order]
+    return _findings(task, steps, [records[name] for name in order],
+                     list(integer_inputs.values()), continuous.entries(), targets.entries())
+
+
+def _findings(task, steps: int, layers: list[dict[str, Any]], integer_inputs: list,
+              continuous_inputs: list, heads: list) -> dict[str, Any]:
+    """The diagnostics from what the instrumented steps recorded."""
     for layer in layers:
         layer["risk"] = risk_score(layer)
     grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
     grad_max = max((g["abs_max"] for g in grads), default=0.0)
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    continuous_inputs = continuous.entries()
-    candidates = _candidates(layers, [*integer_inputs, *(e["layer"] for e in continuous_inputs)])
+    candidates = _candidates(layers, [*(e["layer"] for e in integer_inputs),
+                                      *(e["layer"] for e in continuous_inputs),
+                                      *(path for e in heads for path in e["layers"])])
     loss_scale = recommend_loss_scale(grad_max, grad_p01)
     _add_flushed_shares(layers, loss_scale["initial_scale"])
     return {"task": str(task.path), "steps": steps, "layers": layers,
-            "candidates": candidates, "integer_inputs": list(integer_inputs.values()),
-            "continuous_inputs": continuous_inputs,
+            "candidates": candidates, "integer_inputs": integer_inputs,
+            "continuous_inputs": continuous_inputs, "output_heads": heads,
             "loss_scale": loss_scale,
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
