@@ -65,6 +65,7 @@ class TuneSummary:
     breakdown: TimeBreakdown | None = None   # where the wall time went, phase by phase
     objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
     record_notes: list[str] = field(default_factory=list)  # a record that failed (MLflow)
+    head_lines: list[str] = field(default_factory=list)  # output heads kept float32 (targets)
     confirmations: list[Any] = field(default_factory=list)  # tuner.run.confirm.Confirmation
     confirm_skipped: bool = False       # --no-confirm
 

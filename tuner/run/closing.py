@@ -123,7 +123,10 @@ def summary_of(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhaust
         best_config=best_config, shared_remeasure=outcome.shared, tie=outcome.decision.tie,
         decision=outcome.decision.explanation, remeasure_notes=outcome.notes,
         objective_lines=outcome.objective_lines, confirmations=outcome.confirmations,
-        confirm_skipped=outcome.confirm_skipped)
+        confirm_skipped=outcome.confirm_skipped,
+        head_lines=[f"output head {path} stays float32 in every {' and '.join(dtypes)} config: "
+                    "the targets it must produce need it (see the diagnostics)"
+                    for path, dtypes in plan.space.output_heads])
 
 
 def close_records(plan: RunPlan, summary: TuneSummary, scheduler: Scheduler, tracker,
