@@ -19,6 +19,7 @@ from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
 from tuner.search.space_files import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.steps import too_slow_reason
 
 
 @dataclass
@@ -79,11 +80,24 @@ class Machine:
             batch_losses = [loss * (1.0 + 0.02 * (i - 3.5) / 3.5) for i in range(8)]
             validation = {"loss": loss, "batch_losses": batch_losses, "metrics": {},
                           "batches": 8, "samples": 64, "source": "val_data", "seconds": 0.0}
-        return TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED, losses=losses,
-                           step_times_ms=times, loss_scales=[None] * steps,
-                           warmup_steps=spec.warmup_steps, train_s=sum(times[1:]) / 1000,
-                           trace_s=times[0] / 1000 if times else 0.0, training_memory=memory,
-                           validation=validation, trained_steps=trained + steps)
+        result = TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED, losses=[],
+                             step_times_ms=[], loss_scales=[], warmup_steps=spec.warmup_steps,
+                             training_memory=memory)
+        for step, (elapsed, loss) in enumerate(zip(times, losses)):
+            result.step_times_ms.append(elapsed)
+            result.losses.append(loss)
+            result.loss_scales.append(None)
+            # The worker's own early stop (tuner.worker.steps), on the limit the spec carries.
+            reason = too_slow_reason(result, spec, step, elapsed)
+            if reason:
+                result.outcome, result.stop_reason = TrialOutcome.STOPPED_SLOW, reason
+                validation = None
+                break
+        done = len(result.step_times_ms)
+        result.train_s = sum(result.step_times_ms[1:]) / 1000
+        result.trace_s = times[0] / 1000 if times else 0.0
+        result.validation, result.trained_steps = validation, trained + done
+        return result
 
 
 class ScriptedExecutor:

@@ -39,6 +39,20 @@ class Point:
                 f"{self.memory_bytes / 1e6:.3g} MB")
 
 
+def needs_no_more_memory(smaller: PrecisionConfig, config: PrecisionConfig) -> bool:
+    """Whether ``smaller`` needs no more training memory than ``config`` by construction: the
+    same policy (the same weight, gradient, optimizer-state and activation dtypes), no float32
+    placement that ``config`` lacks (a float32 layer keeps float32 activations), and no
+    compensated update (its buffers) unless ``config`` has one. Under ``balanced`` a trial is
+    stopped as slow only against such a config: being also faster, it dominates the trial,
+    which then cannot be on the front whatever the trials still to come."""
+    return (smaller.policy == config.policy
+            and set(smaller.float32.groups) <= set(config.float32.groups)
+            and set(smaller.float32.layers) <= set(config.float32.layers)
+            and smaller.float32.outputs <= config.float32.outputs
+            and (smaller.weight_update != "compensated" or config.weight_update == "compensated"))
+
+
 def pareto_front(points: Sequence[Point]) -> list[Point]:
     """The points no other point beats on both step time and memory, smallest memory first."""
     front = [p for p in points
@@ -75,3 +89,15 @@ def pick(points: Sequence[Point], objective: str,
         why += (f"; #{fastest.number} was faster by less than a run's "
                 f"{SEARCH_DRIFT - 1:.0%} drift, so the simpler #{chosen.number} wins")
     return chosen, why
+
+
+def ranked(points: Sequence[Point], objective: str, memory_slack: float = DEFAULT_MEMORY_SLACK,
+           count: int = 3) -> list[tuple[Point, str]]:
+    """The first ``count`` choices by ``objective``, best first, each with its line: the pick,
+    then the pick among the rest, and so on (the finalists a confirmation falls back on)."""
+    left, order = list(points), []
+    while left and len(order) < count:
+        chosen, why = pick(left, objective, memory_slack)
+        order.append((chosen, why))
+        left = [p for p in left if p is not chosen]
+    return order

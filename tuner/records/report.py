@@ -108,8 +108,7 @@ def headline(summary: "TuneSummary") -> list[str]:
         # Without a loss scale, the re-measurement's note gives the evidence.
         if why and summary.best_config.loss_scale.kind != "none":
             lines.append(f"loss scale: {why}")
-    lines += summary.head_lines
-    lines += summary.objective_lines
+    lines += summary.head_lines + summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
     lines += confirmation_lines(summary)
     validation = validation_line(summary)

@@ -209,10 +209,12 @@ def _final_gap(outcome: Confirmation) -> str:
 
 
 def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows: dict, *,
-                 min_gain: float, rounds: int):
+                 min_gain: float, rounds: int, choose=None, max_attempts: int = MAX_ATTEMPTS):
     """Confirm ``outcome``'s pick (a ``tuner.run.remeasure.Remeasured``); while one fails, the
-    decision is taken again without it (``candidates``: the re-measured finalists), at most
-    ``MAX_ATTEMPTS`` configs, else float32 (``baseline``). Returns ``outcome``, updated."""
+    decision is taken again without it (``candidates``: the re-measured finalists; ``choose``:
+    the objective's choice among those left, a ``Decision``; by default the speed decision),
+    at most ``max_attempts`` configs, else float32 (``baseline``). Returns ``outcome``,
+    updated."""
     outcome.confirm_skipped = not confirmer.budget.enabled
     rejected: list[str] = []
     while outcome.winner is not baseline:
@@ -230,9 +232,10 @@ def confirm_pick(outcome, confirmer: Confirmer, baseline, candidates: list, rows
         rejected.append(f"#{confirmation.trial} failed its {what} ({confirmation.reason})")
         tried = {done.trial for done in outcome.confirmations}
         left = [c for c in candidates if c.number not in tried] \
-            if len(outcome.confirmations) < MAX_ATTEMPTS else []
-        decision = decide(baseline.number, left, min_gain=min_gain, baseline_rounds=rounds,
-                          run_drift=confirmer.run_drift)
+            if len(outcome.confirmations) < max_attempts else []
+        decision = choose(left) if choose is not None and left else decide(
+            baseline.number, left, min_gain=min_gain, baseline_rounds=rounds,
+            run_drift=confirmer.run_drift)
         then = f"then: {decision.explanation}" if left else \
             "no other finalist left to confirm: float32"
         outcome.decision = dataclasses.replace(

@@ -19,7 +19,7 @@ from tuner import job_context
 from tuner.run.plan import RunPlan
 from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
 from tuner.search.study_versions import continue_study, fits
-from tuner.run.remeasure import remeasure
+from tuner.run.by_objective import winner_of
 from tuner.records.results import Progress, TuneSummary
 from tuner.records.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
 from tuner.run.closing import (close_records, fresh_rss_line, node_losses,
@@ -148,7 +148,7 @@ def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunSt
             # Nothing of ours may run beside the re-measurement's timings.
             records.flush()
         with clock.phase("re-measurement"):
-            outcome = remeasure(scheduler)
+            outcome = winner_of(scheduler)
         # The confirmation runs inside the re-measurement's session (on its live models).
         clock.carve("re-measurement", "confirmation",
                     sum(c.seconds for c in outcome.confirmations))

@@ -136,10 +136,12 @@ class RunPlan:
     def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
         """The plan without the policies whose compute dtype the device's ceiling says cannot
         beat float32 (``tuner.worker.ceiling``), one line each; a resumed run leaves out what
-        it left out before. ``keep_slow_policies`` keeps them all."""
+        it left out before. Only under the speed objective; ``keep_slow_policies`` keeps them
+        all."""
         if self.skipped_policies is not None:
             skipped, notes = self.skipped_policies, []
-        elif self.keep_slow_policies or not ceiling:
+        elif self.keep_slow_policies or not ceiling or self.objective != "speed":
+            # Under memory or balanced a slow 16-bit policy may still be the pick by its memory.
             skipped, notes = (), []
         else:
             slow = {dtype: speed for dtype, speed in ceiling["speed"].items()

@@ -29,12 +29,11 @@ import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
-from tuner.run.confirm import Confirmation, Confirmer, confirm_pick
+from tuner.run.confirm import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
 from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
 from tuner.errors import TunerError
 from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
                                  round_log_ratios, speedup_from_log_ratios)
-from tuner.judging.objective import Point, pareto_front, pick
 from tuner.records.results import TrialRow
 from tuner.run.finalists import clearly_behind, finalists_of
 from tuner.run.trial_loop import Scheduler, make_spec
@@ -53,11 +52,11 @@ class Remeasured:
 
 
 def remeasure(scheduler: Scheduler) -> Remeasured:
+    """The speed objective's finalists re-timed, the winner decided and confirmed (memory and
+    balanced: tuner.run.by_objective)."""
     baseline = scheduler.baseline
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
-    if scheduler.plan.objective != "speed":
-        return _by_objective(scheduler, baseline)
     finalists, unscaled = finalists_of(scheduler)
     finalists, dropped = clearly_behind(scheduler, finalists)
     dropped = unscaled + dropped
@@ -69,7 +68,7 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
                "every stable 16-bit config is clearly slower than float32")
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           [f"{why}: nothing to re-measure", *dropped])
-    outcome = _Rounds(scheduler, baseline, finalists).run()
+    outcome = Rounds(scheduler, baseline, finalists).run()
     outcome.notes[1:1] = dropped
     config = outcome.winner.config
     if config.compute_dtype == "float16" and config.loss_scale.kind == "none":
@@ -78,54 +77,13 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     return outcome
 
 
-def _by_objective(scheduler: Scheduler, baseline: TrialRow) -> Remeasured:
-    """memory or balanced (tuner.judging.objective): the choice is made on the search's
-    figures, then re-measured against float32 so its speed comes with an interval."""
-    plan = scheduler.plan
-    allowed, _ = no_loss_scale_evidence(plan.gradient_p01)
-    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory
-            and (allowed or r.config.compute_dtype != "float16"
-                 or r.config.loss_scale.kind != "none")}
-    points = [Point(r.number, r.config, r.judgement.median_step_ms,
-                    int(r.result.training_memory["total_bytes"])) for r in rows.values()]
-    if not points:
-        baseline.estimate = SpeedupEstimate.identity()
-        return Remeasured(baseline, decide(baseline.number, [], min_gain=plan.min_gain),
-                          ["no stable config has a memory figure: float32"])
-    chosen, why = pick(points, plan.objective, plan.memory_slack)
-    lines = [why]
-    if plan.objective == "balanced":
-        lines += [f"front: {point.describe()}" for point in pareto_front(points)]
-    row = rows[chosen.number]
-    if row is baseline:
-        baseline.estimate = SpeedupEstimate.identity()
-        return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
-                          ["the pick is float32: nothing to re-measure"], objective_lines=lines)
-    rounds = _Rounds(scheduler, baseline, [row])
-
-    def chosen_by_objective(count: int) -> Remeasured:
-        if row.estimate is None or row not in rounds.active:
-            baseline.estimate = SpeedupEstimate.identity()
-            return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
-                                                 f"{why}, but #{row.number} was lost in the "
-                                                 "re-measurement: float32"),
-                              rounds.notes, rounds.shared, lines)
-        estimate = row.estimate.across_runs(plan.run_drift)
-        decision = Decision(row.number, estimate, False,
-                            f"{why}; {estimate.describe()} vs float32")
-        return Remeasured(row, decision, rounds.notes, rounds.shared, lines)
-
-    rounds.decide = chosen_by_objective
-    return rounds.run()
-
-
 def _why_lost(result: TrialResult) -> str:
     if result.outcome is TrialOutcome.DIVERGED:
         return f"loss non-finite at step {result.first_non_finite_step}"
     return result.failure_message or result.stop_reason or "no timed steps"
 
 
-class _Rounds:
+class Rounds:
     def __init__(self, scheduler: Scheduler, baseline: TrialRow,
                  finalists: list[TrialRow]) -> None:
         self.scheduler = scheduler
@@ -137,6 +95,11 @@ class _Rounds:
         self.notes: list[str] = []
         self.shared = False
         self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
+        # memory/balanced (tuner.run.by_objective): the finalists come in the objective's
+        # order and are timed for their intervals only; speed drops no finalist.
+        self.by_speed = self.plan.objective == "speed"
+        self.choose_next = None         # the next pick after a rejected confirmation
+        self.max_attempts = MAX_ATTEMPTS
         self.candidates: list[Candidate] = []
         self.at_cap: dict[int, SpeedupEstimate | None] = {}
         self.pooled: PooledNoise | None = None   # the rounds' spread, over every finalist
@@ -177,7 +140,8 @@ class _Rounds:
                               noise=self.pooled, run_drift=self.plan.run_drift)
         return confirm_pick(outcome, confirmer, self.baseline, self.candidates,
                             {r.number: r for r in self.scheduler.rows},
-                            min_gain=self.plan.min_gain, rounds=rounds)
+                            min_gain=self.plan.min_gain, rounds=rounds,
+                            choose=self.choose_next, max_attempts=self.max_attempts)
 
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and
@@ -244,6 +208,9 @@ class _Rounds:
         estimates = self._estimates()
         if not estimates:
             return "no finalist could be paired with a float32 round"
+        if not self.by_speed:   # the first in the objective's order that has an interval
+            return self._limit_reason(rounds, elapsed_s,
+                                      next(r for r in self.active if r.estimate))
         leader = max(self.active, key=lambda r: r.estimate.ratio if r.estimate else 0.0)
         for row in list(self.active):
             if row is not leader and row.estimate and row.estimate.high < leader.estimate.low:
@@ -260,12 +227,19 @@ class _Rounds:
                     f"(leader's interval +-{width:.1%})")
         if len(self.active) == 1 and leader.estimate.across_runs(self.plan.run_drift).clears(bar):
             return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
+        settled = self._settled() if policy.settle and rounds < policy.max_rounds else ""
+        if settled and width > policy.target_half_width:
+            return f"{settled} (leader's interval +-{width:.1%})"
+        return self._limit_reason(rounds, elapsed_s, leader)
+
+    def _limit_reason(self, rounds: int, elapsed_s: float, leader: TrialRow) -> str:
+        """The stops that serve every objective: the leader's interval narrow enough, the
+        round cap, the time cap."""
+        policy = self.policy
+        width = leader.estimate.relative_half_width
         if width <= policy.target_half_width:
             return (f"the leader's interval reached the +-{policy.target_half_width:.0%} target "
                     f"(+-{width:.1%})")
-        settled = self._settled() if policy.settle and rounds < policy.max_rounds else ""
-        if settled:
-            return f"{settled} (leader's interval +-{width:.1%})"
         if rounds >= policy.max_rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
         if elapsed_s >= policy.time_cap_s:

@@ -19,6 +19,7 @@ from tuner.search.proposer import Proposal, Proposer
 from tuner.records.results import NoProgress, Progress, TrialRow
 from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.judging.objective import needs_no_more_memory
 from tuner.judging.underflow import underflow_note
 from tuner.judging.verdict import Judgement, judge
 
@@ -123,13 +124,19 @@ class Scheduler:
         self.clock.workers[phase].add(result)
         return result
 
-    def stop_limit_ms(self) -> float | None:
-        """Early-stop limit for the next trial: from exclusive timings where there are some.
-        None with --keep-slow-policies: policies kept although they cannot win on speed are
-        there to be judged on stability, which a trial stopped as slow leaves unknown."""
-        if self.plan.keep_slow_policies:
+    def stop_limit_ms(self, config: PrecisionConfig | None = None) -> float | None:
+        """Early-stop limit for a trial of ``config``: from exclusive timings where there are
+        some. It serves the objective: under ``memory`` no trial is stopped for speed; under
+        ``balanced`` only against stable configs that need no more memory than ``config``
+        (``needs_no_more_memory``: one of them faster dominates it). None with
+        --keep-slow-policies: policies kept although they cannot win on speed are there to be
+        judged on stability, which a trial stopped as slow leaves unknown."""
+        if self.plan.keep_slow_policies or self.plan.objective == "memory":
             return None
         stable = self.timed_stable_rows()
+        if self.plan.objective == "balanced":
+            stable = [r for r in stable
+                      if config is not None and needs_no_more_memory(r.config, config)]
         exclusive = [r.judgement.median_step_ms for r in stable if r.result.exclusive_timing]
         if exclusive:
             return self.plan.slow_factor * min(exclusive)
@@ -194,7 +201,8 @@ class Scheduler:
         self.records.trial_started(number, proposal.config,
                                    trial.number if trial is not None else None,
                                    proposal.is_repair)
-        spec = make_spec(self.plan, number, proposal.config, self.stop_limit_ms())
+        spec = make_spec(self.plan, number, proposal.config,
+                         self.stop_limit_ms(proposal.config))
         spec.validate = True    # every search trial ends on the run's validation batches
         # The baseline's model stays alive in its worker: the re-measurement starts from it;
         # so do the leading trials' where the re-measurement runs there (_keep_finalists).
