@@ -9,9 +9,11 @@ import subprocess
 import sys
 
 import pytest
+import requests
 
 from tests.conftest import ROOT, TASKS
 from tuner import job_context
+from tuner.errors import UsageError
 from tuner.service import client as jobs
 from tuner.cli import jobs as job_commands
 from tuner.service import server as service
@@ -281,6 +283,48 @@ def test_runs_whose_job_died_are_closed_on_the_next_jobs(tmp_path, capsys):
     reason = store.get_run(runs["j-stopped"][0]).data.tags["precision_tuner.closed_because"]
     assert reason == "its driver ended (STOPPED) without closing its records"
     assert service.close_orphans() == []                      # closed once
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("Request failed with status code 401: Unauthorized."),
+    RuntimeError("Request failed with status code 500: Internal Server Error."),
+    TimeoutError("timed out"),
+    ConnectionResetError("Connection reset by peer"),
+    requests.exceptions.ConnectionError("Max retries exceeded with url: /api/jobs/j-live"),
+])
+def test_a_job_server_that_does_not_answer_closes_no_run(tmp_path, failure):
+    """Only Ray's "does not exist" means an unknown job; a timeout, a refused token or a
+    dropped connection is an outage: no run is closed, and the line says why."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from tuner.errors import ServiceOutage
+
+    store = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = store.create_experiment("precision-tuner/tiny_mlp")
+    parents = [store.create_run(experiment, tags={job_context.JOB_ID_TAG: job}).info.run_id
+               for job in ("j-forgotten", "j-live")]
+
+    def get_job_info(job_id):
+        if job_id == "j-forgotten":
+            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not "
+                               "exist.")
+        raise failure
+
+    service = jobs.Service.__new__(jobs.Service)
+    service.address, service._mlflow = "http://127.0.0.1:1", store
+    service.jobs = SimpleNamespace(get_job_info=get_job_info)
+    lines = service.close_orphans()
+    assert [store.get_run(run).info.status for run in parents] == ["RUNNING", "RUNNING"]
+    assert len(lines) == 1 and lines[0].startswith("not closing any job's MLflow runs: the "
+                                                   "job server at http://127.0.0.1:1 did not "
+                                                   "answer about job 'j-live'")
+    with pytest.raises(ServiceOutage, match=type(failure).__name__):
+        service.job("j-live")
+    assert service.job("j-forgotten", required=False) is None
+    with pytest.raises(UsageError, match="no tuning job 'j-forgotten'"):
+        service.job("j-forgotten")
 
 
 _NICENESS_PROBE = """

@@ -45,6 +45,11 @@ class TrialInfrastructureError(TunerError):
     """The worker process machinery failed in a way that is not a trial's own failure."""
 
 
+class ServiceOutage(TunerError):
+    """The service's job server did not answer (a timeout, a refused token, a dropped
+    connection): not an answer about a job, so nothing may be concluded from it."""
+
+
 def describe(value: object) -> str:
     """Render a received value for an error message: ``'abc' (of type str)``."""
     text = repr(value)

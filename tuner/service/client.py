@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import job_context
-from tuner.errors import UsageError
+from tuner.errors import ServiceOutage, UsageError, first_line
 from tuner.service.contract import (JOB_KIND, MLFLOW_USER, RECORD_JOB, SERVICE_ENV, TOKEN_ENV,
                                     client_for)
 from tuner.service.job_server import JobServer
@@ -102,16 +102,28 @@ class Service:
         """The Ray job ``job_id``, which must be one of this service's tuning jobs (or None,
         when not ``required``: Ray forgets its jobs when the cluster restarts; MLflow keeps
         their runs)."""
-        try:
-            info = self.jobs.get_job_info(job_id)
-        except Exception:  # noqa: BLE001 - Ray raises RuntimeError for an unknown id
-            info = None
+        info = self.job_info(job_id)
         if info is None or (info.metadata or {}).get("precision_tuner") != JOB_KIND:
             if not required:
                 return None
             raise UsageError(f"no tuning job {job_id!r} on the service at {self.address}. "
                              "List the jobs with `precision-tuner jobs`.")
         return info
+
+    def job_info(self, job_id: str):
+        """Ray's answer about ``job_id``: its details, or None where Ray says it has no such
+        job (HTTP 404, "does not exist": it never had it, or forgot it in a restart). Any other
+        failure (a timeout, a refused token, a dropped connection) is an outage, raised as
+        ``ServiceOutage``: it says nothing about the job."""
+        try:
+            return self.jobs.get_job_info(job_id)
+        except Exception as exc:  # noqa: BLE001 - Ray's SDK raises RuntimeError for both
+            if isinstance(exc, RuntimeError) and "does not exist" in str(exc):
+                return None
+            raise ServiceOutage(f"the job server at {self.address} did not answer about job "
+                                f"{job_id!r} ({type(exc).__name__}: {first_line(exc, 200)}). "
+                                "Check that the service is up (`precision-tuner service "
+                                "status`) and retry.") from None
 
     def recorded_job(self, job_id: str) -> dict[str, Any]:
         """What a resubmission needs of ``job_id``: from the Ray job, or, after the cluster
@@ -140,20 +152,28 @@ class Service:
         """Close the records no job is left to close: a parent run still RUNNING in MLflow
         whose job's driver is gone (Ray says the job ended, or forgot it when the cluster
         restarted) ends as KILLED where the job was stopped, else FAILED, with its running
-        trials KILLED and the reason in a tag. One line per run closed."""
+        trials KILLED and the reason in a tag. One line per run closed. A job server that does
+        not answer about a job (``job_info``: an outage, not an unknown job) closes nothing,
+        and the one line returned says so."""
         experiments = [e.experiment_id for e in self.mlflow.search_experiments(
             filter_string="name LIKE 'precision-tuner/%'")]
         if not experiments:
             return []
-        closed = []
+        orphans = []
         for parent in self.mlflow.search_runs(
                 experiments, filter_string="attributes.status = 'RUNNING'", max_results=500):
             job_id = parent.data.tags.get(job_context.JOB_ID_TAG)
             if not job_id or parent.data.tags.get("mlflow.parentRunId"):
                 continue                 # not a service job's parent run
-            info = self.job(job_id, required=False)
+            try:
+                info = self.job(job_id, required=False)
+            except ServiceOutage as outage:  # decide nothing on it: close nothing
+                return [f"not closing any job's MLflow runs: {outage}"]
             if info is not None and not info.status.is_terminal():
                 continue                 # still running: it closes its own records
+            orphans.append((job_id, parent, info))
+        closed = []
+        for job_id, parent, info in orphans:
             status, why = ("FAILED", "the cluster no longer knows the job (it restarted "
                                      "while the job ran)") if info is None else \
                 ("KILLED" if info.status.value == "STOPPED" else "FAILED",
