@@ -36,7 +36,8 @@ class Machine:
     fail: Callable[[PrecisionConfig, TrialSpec, bool], TrialResult | None] = \
         lambda config, spec, exclusive: None
     memory: Callable[[PrecisionConfig], int] | None = None  # training memory of a config
-    # The validation loss of a config's model after it has trained ``steps`` steps in all.
+    # The validation loss of a config's model after it has trained ``steps`` steps in all
+    # (None: its evaluate raises).
     val_loss: Callable[[PrecisionConfig, int], float] | None = \
         lambda config, steps: 0.5 + 1.0 / (1.0 + steps / 50.0)   # None: evaluate fails
     # Added to a config's training losses once its model has trained ``steps`` steps before
@@ -74,6 +75,10 @@ class Machine:
         validation = None
         if spec.validate and self.val_loss is None:
             validation = {"error": "model.evaluate raised ValueError: no test_step",
+                          "source": "val_data"}
+        elif spec.validate and self.val_loss(config, trained + steps) is None:
+            validation = {"error": "model.evaluate raised InvalidArgumentError: cannot compute "
+                                   "Mean as input #1 was expected to be a half tensor",
                           "source": "val_data"}
         elif spec.validate:
             loss = self.val_loss(config, trained + steps)

@@ -199,3 +199,44 @@ def test_a_model_that_cannot_be_evaluated_is_confirmed_on_its_training_losses(tm
     assert confirmation.passed and "cannot be evaluated" in confirmation.fallback
     assert confirmation.to_dict()["compared_on"].startswith("the model cannot be evaluated")
     assert "train loss" in confirmation.table()[0]
+
+
+def _evaluate_fails_for(policy, after_steps=0):
+    """Validation as float32's, except that ``policy``'s evaluate raises once its model has
+    trained more than ``after_steps`` steps (None from the machine's val_loss)."""
+    def loss(config, steps):
+        if config.policy == policy and steps > after_steps:
+            return None
+        return 0.1 + 2.0 / (1.0 + steps / 20.0)
+    return loss
+
+
+def test_a_trial_whose_evaluate_raises_where_float32s_ran_is_unstable_for_it(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1,
+                      val_loss=_evaluate_fails_for("mixed_bfloat16"))
+    scheduler, outcome, _ = tune(tmp_path, machine)
+    assert scheduler.baseline.result.validation["loss"] > 0
+    for row in scheduler.rows[1:]:
+        assert not row.judgement.stable
+        assert row.judgement.reason.startswith("validation failed where float32's ran: "
+                                               "model.evaluate raised InvalidArgumentError")
+    assert outcome.winner is scheduler.baseline
+
+
+def test_a_pick_whose_evaluate_raises_later_in_the_confirmation_is_rejected(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1,
+                      val_loss=_evaluate_fails_for("mixed_bfloat16", after_steps=60))
+    scheduler, outcome, _ = tune(tmp_path, machine)
+    assert any(r.judgement.stable for r in scheduler.rows[1:])   # fine for a trial's length
+    assert outcome.confirmations and not any(c.passed for c in outcome.confirmations)
+    assert "the pick's validation failed where float32's ran" in \
+        outcome.confirmations[0].reason
+    assert outcome.winner is scheduler.baseline
+
+
+def test_a_model_that_float32_cannot_evaluate_either_is_judged_on_training_losses(tmp_path):
+    machine = Machine(step_ms=lambda c: FAST[c.policy], seed=1, val_loss=None)
+    scheduler, outcome, _ = tune(tmp_path, machine)
+    assert "error" in scheduler.baseline.result.validation
+    assert all(r.judgement.stable for r in scheduler.rows)
+    assert outcome.winner is not scheduler.baseline

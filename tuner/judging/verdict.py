@@ -158,11 +158,23 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
     judgement = _compare_learning(result, baseline, min_loss_decrease_ratio, median)
     if not judgement.stable:
         return judgement
-    gap = validation_gap(result.validation, baseline.validation)
+    gap = validation_failure(result.validation, baseline.validation) or \
+        validation_gap(result.validation, baseline.validation)
     if gap:
         return Judgement(Verdict.UNSTABLE, gap, judgement.loss_decrease_ratio, median,
                          judgement.note, shortfall=True)
     return judgement
+
+
+def validation_failure(mine: dict | None, base: dict | None) -> str:
+    """Why this run's validation failed where float32's ran ("" when it ran, or when float32's
+    failed as well: then no config can be compared on validation, every trial is judged on its
+    training losses, and the summary says why). A model that evaluates in float32 and raises,
+    or reports no loss, under a 16-bit config has failed a check, not skipped one."""
+    if not base or "loss" not in base or (mine and "loss" in mine):
+        return ""
+    error = (mine or {}).get("error") or "no validation result"
+    return f"validation failed where float32's ran: {error}"
 
 
 def validation_gap(mine: dict | None, base: dict | None,

@@ -47,7 +47,7 @@ from tuner.judging.noise import (PooledNoise, SpeedupEstimate, round_log_ratios,
                                  speedup_from_log_ratios)
 from tuner.trial_types import TrialOutcome, TrialResult
 from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, standard_error,
-                                   validation_gap)
+                                   validation_failure, validation_gap)
 
 CHECKPOINTS = 4
 STEPS_MULTIPLE = 10
@@ -136,6 +136,9 @@ class Confirmer:
                 if problem:
                     return self._end(outcome, problem, started)
             mine, base = results[id(pick)], results[id(baseline)]
+            failure = validation_failure(mine.validation, base.validation) if quality else ""
+            if failure:
+                return self._end(outcome, f"at step {target}, the pick's {failure}", started)
             outcome.checkpoints.append(Checkpoint(
                 target, base.validation or {}, mine.validation or {}, base.losses, mine.losses,
                 base.timed_steps_ms, mine.timed_steps_ms))

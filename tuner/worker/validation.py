@@ -8,8 +8,11 @@ logs are that batch's values, not a running mean. Per-batch values give the vali
 trials see the same batches, so the verdict compares them batch by batch (tuner.judging.verdict).
 
 Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
-"seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated (the trial is then
-judged on its training losses alone, and the summary says why).
+"seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated. Where float32's
+validation ran, a trial whose validation fails has failed that check
+(``tuner.judging.verdict.validation_failure``); where float32's fails too, no config can be
+compared on validation, the trials are judged on their training losses, and the summary says
+why.
 """
 
 from __future__ import annotations
