@@ -78,7 +78,31 @@ def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
 def test_no_example_or_zoo_model_has_an_erased_input(task):
     from tuner.worker.diagnose import diagnose_task
 
-    assert diagnose_task(str(ROOT / task), steps=3)["continuous_inputs"] == []
+    from tuner.worker.task_loader import load_task
+
+    diagnostics = diagnose_task(str(ROOT / task), steps=3)
+    # Taken, not skipped: a diagnostics crash would leave the list empty too.
+    if load_task(str(ROOT / task)).loss is None:
+        assert diagnostics["unavailable"].startswith("the task's LOSS is None")
+    else:
+        assert "unavailable" not in diagnostics, diagnostics["unavailable"]
+    assert diagnostics["continuous_inputs"] == []
+
+
+def test_where_gradients_cannot_be_traced_the_input_checks_are_still_taken(monkeypatch):
+    """A diagnostics failure says what it was and keeps the forward-pass checks: the
+    coordinates are still named, and the layer is still a candidate."""
+    from tuner.worker import diagnose
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an exotic model the diagnostics cannot trace")
+
+    monkeypatch.setattr(diagnose, "diagnose_model", broken)
+    diagnostics = diagnose.diagnose_task(GEO, steps=3)
+    assert diagnostics["unavailable"] == "RuntimeError: an exotic model the diagnostics " \
+                                         "cannot trace"
+    assert {entry["layer"] for entry in diagnostics["continuous_inputs"]} == {"normalization"}
+    assert diagnostics["candidates"] == ["normalization"] and diagnostics["layers"] == []
 
 
 # -- trials ---------------------------------------------------------------------------------------

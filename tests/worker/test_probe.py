@@ -95,6 +95,27 @@ def test_diagnostics_that_fail_on_a_model_are_reported_not_raised(tmp_path, monk
     assert diagnostics["candidates"] == [] and diagnostics["loss_scale"]["initial_scale"] > 0
 
 
+def test_a_diagnostics_failure_of_a_loss_none_task_is_reported_as_what_it_was(tmp_path,
+                                                                             monkeypatch):
+    """LOSS = None explains a failure to trace the loss, and only that: any other error is
+    reported as itself (it was reported as "LOSS is None" whatever it was)."""
+    from tuner.worker import diagnose
+
+    path = tmp_path / "unlabelled.py"
+    path.write_text(UNLABELLED + "def train_data():\n    return X\n")
+    explained = probe_task(str(path), steps=3, diagnose_steps=2)["diagnostics"]["unavailable"]
+    assert explained.startswith("the task's LOSS is None (its train_step computes the loss), "
+                                "so gradients cannot be traced outside it (ValueError: ")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a layer the diagnostics cannot trace")
+
+    monkeypatch.setattr(diagnose, "diagnose_model", broken)
+    info = probe_task(str(path), steps=3, diagnose_steps=2)
+    assert info["diagnostics"]["unavailable"] == \
+        "RuntimeError: a layer the diagnostics cannot trace"
+
+
 def test_a_model_without_call_is_refused_in_one_line_that_says_so(tmp_path):
     """The Keras guide's GAN has no call() (fit trains it through its train_step alone): the
     task check says that, not Keras's NotImplementedError with a hint about x."""

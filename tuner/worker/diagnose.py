@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from tuner.errors import first_line
 from tuner.judging.underflow import flushed_fraction
+from tuner.worker.layer_watch import LayerWatch, forward_findings
 from tuner.worker.trial import reset_keras_state
 
 FLOAT16_MAX = 65504.0
@@ -134,18 +135,24 @@ def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, An
 
 def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]:
     """``diagnose_model``'s diagnostics, or where they cannot be taken on this model, why
-    (``unavailable``): they trace gradients of the compiled loss outside ``train_step``, which
-    a model that computes its loss in its own ``train_step`` (``LOSS = None``: the Keras
-    guide's VAE) does not have. They inform the search; the trials still judge every config."""
+    (``unavailable``: the error itself, explained where it is the task's ``LOSS = None``: a
+    model that computes its loss in its own ``train_step``, the Keras guide's VAE, has no
+    compiled loss to trace gradients of). The input and target checks need no gradients: they
+    are still taken, on forward passes. The diagnostics inform the search; the trials still
+    judge every config."""
     try:
         return diagnose_model(task, model, batches, steps)
     except Exception as exc:  # noqa: BLE001 - a courtesy to the search, never its end
-        # Without a compiled loss only add_loss terms can be traced (Keras: "No loss to
-        # compute"): say what that means for the task, not what Keras said.
-        why = ("the task's LOSS is None (its train_step computes the loss), so gradients "
-               "cannot be traced outside it") if task.loss is None \
-            else f"{type(exc).__name__}: {first_line(exc, 200)}"
-        return unavailable(task, steps, why)
+        error = f"{type(exc).__name__}: {first_line(exc, 200)}"
+        why = (f"the task's LOSS is None (its train_step computes the loss), so gradients "
+               f"cannot be traced outside it ({error})"
+               if task.loss is None and "loss" in str(exc).lower() else error)
+    try:
+        findings = forward_findings(model, batches, steps)
+    except Exception as exc:  # noqa: BLE001 - as above
+        findings = {}
+        why += f"; the input checks failed too ({type(exc).__name__}: {first_line(exc, 200)})"
+    return unavailable(task, steps, why, findings)
 
 
 def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
@@ -168,13 +175,24 @@ def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured:
                                                       tensor_stats(gradient))
 
 
-def unavailable(task, steps: int, why: str) -> dict[str, Any]:
-    """Diagnostics that could not be taken (``why``): no layer, no candidate, Keras's own
-    initial loss scale. The search then runs on the space as written."""
-    return {"task": str(task.path), "steps": steps, "layers": [], "candidates": [],
-            "integer_inputs": [], "continuous_inputs": [], "output_heads": [],
+def unavailable(task, steps: int, why: str,
+                findings: dict[str, list] | None = None) -> dict[str, Any]:
+    """Diagnostics that could not be taken (``why``): no layer, Keras's own initial loss
+    scale; the input and target checks where ``findings`` has them (``forward_findings``),
+    their layers the only candidates. The search then runs on the space as written."""
+    findings = {"integer_inputs": [], "continuous_inputs": [], "output_heads": [],
+                **(findings or {})}
+    return {"task": str(task.path), "steps": steps, "layers": [],
+            "candidates": _candidates([], _rounded_and_heads(findings)), **findings,
             "loss_scale": recommend_loss_scale(0.0, 0.0),
             "gradient_abs_max": 0.0, "gradient_p01_nonzero": 0.0, "unavailable": why}
+
+
+def _rounded_and_heads(findings: dict[str, list]) -> list[str]:
+    """The layers the input and target checks name, in that order."""
+    return [*(e["layer"] for e in findings["integer_inputs"]),
+            *(e["layer"] for e in findings["continuous_inputs"]),
+            *(path for e in findings["output_heads"] for path in e["layers"])]
 
 
 def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
@@ -183,41 +201,24 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from tuner.apply.scope import call_path, hook_layer_calls
-    from tuner.worker.continuous_inputs import ContinuousInputs
-    from tuner.worker.integer_inputs import integer_inputs_of
-    from tuner.worker.output_targets import OutputTargets
+    from tuner.apply.scope import hook_layer_calls
 
     model.compile(optimizer=task.optimizer(), loss=task.loss)
     first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])
     model(first_x, training=False)  # build first: a subclassed model traces symbolically
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
-    captured: list[tuple[str, Any, Any]] = []
-    integer_inputs: dict[str, dict[str, Any]] = {}
-    continuous = ContinuousInputs()
-    targets = OutputTargets()
-
-    def inputs(layer, args, kwargs) -> None:
-        path = call_path(layer)
-        integer_inputs_of(layer, path, args, kwargs, integer_inputs)
-        continuous.observe(layer, path, args, kwargs)
-
-    def capture(layer, output) -> None:
-        if not isinstance(layer, keras.Model):
-            for tensor in tf.nest.flatten(output):
-                if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
-                        and tensor.dtype.is_floating:
-                    captured.append((call_path(layer), layer, tensor))
-
+    watch = LayerWatch()
+    captured = watch.captured
     for step in range(steps):
         batch = batches[step % len(batches)]
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         captured.clear()
-        with hook_layer_calls(before=inputs, after=capture), tf.GradientTape() as tape:
+        with hook_layer_calls(before=watch.inputs, after=watch.capture), \
+                tf.GradientTape() as tape:
             prediction = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
-        targets.observe(prediction, y, captured)
+        watch.targets.observe(prediction, y, captured)
         tensors = [tensor for _, _, tensor in captured]
         weights = model.trainable_weights
         gradients = tape.gradient(loss, tensors + weights,
@@ -225,25 +226,20 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
         weight_grads = gradients[len(tensors):]
         _record_step(records, order, captured, gradients[:len(tensors)], weights, weight_grads)
         model.optimizer.apply(weight_grads, weights)
-    return _findings(task, steps, [records[name] for name in order],
-                     list(integer_inputs.values()), continuous.entries(), targets.entries())
+    return _findings(task, steps, [records[name] for name in order], watch.findings())
 
 
-def _findings(task, steps: int, layers: list[dict[str, Any]], integer_inputs: list,
-              continuous_inputs: list, heads: list) -> dict[str, Any]:
+def _findings(task, steps: int, layers: list[dict[str, Any]],
+              found: dict[str, list]) -> dict[str, Any]:
     """The diagnostics from what the instrumented steps recorded."""
     for layer in layers:
         layer["risk"] = risk_score(layer)
     grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
     grad_max = max((g["abs_max"] for g in grads), default=0.0)
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    candidates = _candidates(layers, [*(e["layer"] for e in integer_inputs),
-                                      *(e["layer"] for e in continuous_inputs),
-                                      *(path for e in heads for path in e["layers"])])
+    candidates = _candidates(layers, _rounded_and_heads(found))
     loss_scale = recommend_loss_scale(grad_max, grad_p01)
     _add_flushed_shares(layers, loss_scale["initial_scale"])
     return {"task": str(task.path), "steps": steps, "layers": layers,
-            "candidates": candidates, "integer_inputs": integer_inputs,
-            "continuous_inputs": continuous_inputs, "output_heads": heads,
-            "loss_scale": loss_scale,
+            "candidates": candidates, **found, "loss_scale": loss_scale,
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}

@@ -1,0 +1,67 @@
+"""What the diagnostics read from layer calls besides gradients (``LayerWatch``): the float
+inputs 16-bit rounding corrupts (tuner.worker.integer_inputs, tuner.worker.continuous_inputs),
+every layer call's float output, and the targets each output must produce
+(tuner.worker.output_targets). ``forward_findings`` takes these on forward passes alone: where
+gradients cannot be traced (no compiled loss), the input and target checks still can.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.worker.continuous_inputs import ContinuousInputs
+from tuner.worker.integer_inputs import integer_inputs_of
+from tuner.worker.output_targets import OutputTargets
+
+
+class LayerWatch:
+    """What the diagnostics read from layer calls besides gradients: integer-valued and
+    continuous float inputs, every layer call's float output (``captured``: path, layer,
+    tensor), and each output's targets."""
+
+    def __init__(self) -> None:
+        self.integer_inputs: dict[str, dict[str, Any]] = {}
+        self.continuous = ContinuousInputs()
+        self.targets = OutputTargets()
+        self.captured: list[tuple[str, Any, Any]] = []
+
+    def inputs(self, layer, args, kwargs) -> None:
+        from tuner.apply.scope import call_path
+
+        path = call_path(layer)
+        integer_inputs_of(layer, path, args, kwargs, self.integer_inputs)
+        self.continuous.observe(layer, path, args, kwargs)
+
+    def capture(self, layer, output) -> None:
+        import keras
+        import tensorflow as tf
+
+        from tuner.apply.scope import call_path
+
+        if not isinstance(layer, keras.Model):
+            for tensor in tf.nest.flatten(output):
+                if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
+                        and tensor.dtype.is_floating:
+                    self.captured.append((call_path(layer), layer, tensor))
+
+    def findings(self) -> dict[str, list]:
+        return {"integer_inputs": list(self.integer_inputs.values()),
+                "continuous_inputs": self.continuous.entries(),
+                "output_heads": self.targets.entries()}
+
+
+def forward_findings(model, batches: list, steps: int) -> dict[str, list]:
+    """The input and target checks alone, on ``steps`` forward passes (no loss, no gradient):
+    what the diagnostics keep where gradients cannot be traced."""
+    import keras
+
+    from tuner.apply.scope import hook_layer_calls
+
+    watch = LayerWatch()
+    for step in range(steps):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(batches[step % len(batches)])
+        watch.captured.clear()
+        with hook_layer_calls(before=watch.inputs, after=watch.capture):
+            prediction = model(x, training=False)
+        watch.targets.observe(prediction, y, watch.captured)
+    return watch.findings()
