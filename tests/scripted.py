@@ -67,8 +67,10 @@ class Machine:
             scale * self.rng.lognormvariate(0.0, self.jitter) for _ in range(steps - 1)]
         losses = [2.0 * 0.95**i + self.train_offset(config, trained) + self.rng.gauss(0.0, 0.002)
                   for i in range(steps)]
-        memory = None
-        if self.memory is not None:
+        memory, memory_error = None, ""
+        if self.memory is not None and self.memory(config) is None:   # the count failed
+            memory_error = "TypeError: an eager call of the model raised"
+        elif self.memory is not None:
             total = self.memory(config)
             memory = {"weights": {}, "gradients": {}, "optimizer": {},
                       "activations": {"float32": total}, "total_bytes": total}
@@ -87,7 +89,7 @@ class Machine:
                           "batches": 8, "samples": 64, "source": "val_data", "seconds": 0.0}
         result = TrialResult(number=spec.number, outcome=TrialOutcome.COMPLETED, losses=[],
                              step_times_ms=[], loss_scales=[], warmup_steps=spec.warmup_steps,
-                             training_memory=memory)
+                             training_memory=memory, memory_error=memory_error)
         for step, (elapsed, loss) in enumerate(zip(times, losses)):
             result.step_times_ms.append(elapsed)
             result.losses.append(loss)

@@ -129,3 +129,19 @@ def test_balanced_stops_a_trial_only_against_a_config_that_needs_no_more_memory(
     speed = dataclasses.replace(scheduler.plan, objective="speed")
     scheduler.plan = speed
     assert scheduler.stop_limit_ms(plain) == pytest.approx(1.5 * float32_ms)
+
+
+def test_a_config_whose_memory_count_failed_is_named_not_silently_dropped(tmp_path):
+    machine = Machine(step_ms=lambda c: SLOW_16[c.policy], seed=3,
+                      memory=lambda c: None if c.policy == "bfloat16" else MEMORY[c.policy])
+    scheduler = scheduler_for(space_file(tmp_path, SPACE), ScriptedExecutor(machine), tmp_path,
+                              trials=4, objective="memory")
+    scheduler.plan = dataclasses.replace(scheduler.plan, confirm=ConfirmBudget(enabled=False))
+    scheduler.run()
+    outcome = winner_of(scheduler)
+    assert outcome.winner.config.policy == "mixed_bfloat16"
+    uncounted = [r for r in scheduler.rows if r.config.policy == "bfloat16"]
+    assert uncounted and all(
+        f"left #{r.number} ({r.config.describe()}) out: its training memory could not be "
+        "counted (TypeError: an eager call of the model raised)" in outcome.objective_lines
+        for r in uncounted if r.judgement.stable)

@@ -96,6 +96,7 @@ class TrialResult:
     sized_by: str = ""        # a sized run: why it stopped where it did (tuner.judging.sizing)
     # What training needs, counted from the model's tensors (tuner.worker.memory).
     training_memory: dict[str, Any] | None = None
+    memory_error: str = ""    # why training_memory could not be counted
     warmup_steps: int = 0
     batch_size: int | None = None
     weights_bytes: int | None = None     # bytes of all model weights (shows 16-bit savings)

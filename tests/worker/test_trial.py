@@ -35,6 +35,22 @@ def test_float32_trial_records_every_step(task_path):
     assert result.trace_s == pytest.approx(result.step_times_ms[0] / 1000)
     assert result.train_s == pytest.approx(sum(result.step_times_ms[1:]) / 1000)
     assert result.wall_s >= result.setup_s + result.trace_s + result.train_s
+    # What the process used (tuner.worker.memory.MemoryMeter): a CPU's RSS growth here.
+    assert result.memory_source == "host_rss_growth"
+    assert isinstance(result.peak_memory_bytes, int) and result.peak_memory_bytes >= 0
+    assert result.training_memory["total_bytes"] > 0 and result.memory_error == ""
+
+
+def test_a_memory_count_that_fails_says_why(task_path, monkeypatch):
+    from tuner.worker import trial as worker_trial
+
+    def broken(model, optimizer, x):
+        raise TypeError("an eager call of the model raised")
+
+    monkeypatch.setattr(worker_trial, "training_memory", broken)
+    result = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=6)
+    assert result.outcome is TrialOutcome.COMPLETED and result.training_memory is None
+    assert result.memory_error == "TypeError: an eager call of the model raised"
 
 
 def test_same_seed_same_losses(task_path):

@@ -30,10 +30,14 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
                  or r.config.loss_scale.kind != "none")}
     points = [Point(r.number, r.config, r.judgement.median_step_ms,
                     int(r.result.training_memory["total_bytes"])) for r in rows.values()]
+    uncounted = [f"left #{r.number} ({r.config.describe()}) out: its training memory could "
+                 f"not be counted ({r.result.memory_error or 'no figure'})"
+                 for r in scheduler.timed_stable_rows() if not r.result.training_memory]
     if not points:
         baseline.estimate = SpeedupEstimate.identity()
         return Remeasured(baseline, decide(baseline.number, [], min_gain=plan.min_gain),
-                          ["no stable config has a memory figure: float32"])
+                          ["no stable config has a memory figure: float32"],
+                          objective_lines=uncounted)
     order = ranked(points, plan.objective, plan.memory_slack, count=plan.finalists)
     finalists = []
     for point, _ in order:
@@ -43,7 +47,7 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
     why = order[0][1]
     reasons = {point.number: reason for point, reason in order}
     lines = [why] + [f"then #{point.number} ({point.config.describe()}): {reason}"
-                     for point, reason in order[1:len(finalists)]]
+                     for point, reason in order[1:len(finalists)]] + uncounted
     if plan.objective == "balanced":
         lines += [f"front: {point.describe()}" for point in pareto_front(points)]
     if not finalists:

@@ -12,7 +12,7 @@ import socket
 import time
 
 from tuner.apply.config import PrecisionConfig
-from tuner.errors import TaskError
+from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.failures import classify
@@ -71,7 +71,8 @@ def train_trial(spec: TrialSpec) -> TrialResult:
             if spec.validate and result.outcome is TrialOutcome.COMPLETED:
                 result.validation = validate(task, model, spec.batch_pool or spec.steps)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
-        result.training_memory = _training_memory(model, optimizer, batches[0], config)
+        result.training_memory, result.memory_error = _training_memory(model, optimizer,
+                                                                       batches[0], config)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             keep(spec, model, optimizer, batches, task, trained=len(result.losses))
         if result.first_non_finite_step is not None:
@@ -99,18 +100,19 @@ def train_trial(spec: TrialSpec) -> TrialResult:
     return result
 
 
-def _training_memory(model, optimizer, first_batch, config: PrecisionConfig) -> dict | None:
-    """Exact training-state and activation bytes (tuner.worker.memory); None if the model
-    cannot be run eagerly once more (the figure is a courtesy, never a failure)."""
+def _training_memory(model, optimizer, first_batch,
+                     config: PrecisionConfig) -> tuple[dict | None, str]:
+    """Exact training-state and activation bytes (tuner.worker.memory), and "" ; or None and
+    why the count failed (the model cannot be run eagerly once more, say). A failed count fails
+    no trial, but the memory objective cannot rank the config: it says so (by_objective)."""
     import keras
-
 
     x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
     try:
         with config.scope():
-            return training_memory(model, optimizer, x)
-    except Exception:  # noqa: BLE001
-        return None
+            return training_memory(model, optimizer, x), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {first_line(exc, 200)}"
 
 
 def _input_rounding(model, first_batch,
