@@ -185,7 +185,18 @@ def test_help_lists_commands_and_is_fast():
     assert completed.returncode == 0
     for command in ("tune", "export", "ui", "spaces"):
         assert command in completed.stdout
-    assert "tensorflow" not in cli("spaces").stderr.lower()
+
+    # Neither --help nor a command that needs no model imports TensorFlow or Keras: asked of
+    # the child's own sys.modules (TensorFlow's import prints nothing that says so).
+    probe = ("import contextlib, io, sys\nfrom tuner.cli import main\n"
+             "for argv in (['--help'], ['spaces']):\n"
+             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):"
+             "\n        main(argv)\n"
+             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n")
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                               cwd=ROOT, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.slow

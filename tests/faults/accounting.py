@@ -73,6 +73,13 @@ def _mlflow_trial_runs(uri: str, run: dict) -> dict[int, list]:
     return runs
 
 
+def mlflow_trial_numbers(uri: str, run_dir: Path) -> set[int]:
+    """The trials of the run in ``run_dir`` that MLflow at ``uri`` holds, read from MLflow
+    itself (not from the run's own list of what it missed)."""
+    run = json.loads((Path(run_dir) / "run.json").read_text())
+    return set(_mlflow_trial_runs(uri, run))
+
+
 def _optuna_trials(run_dir: Path, run: dict) -> dict[int, object]:
     import optuna
 

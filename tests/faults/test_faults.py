@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import not_injectable
+from tests.faults.accounting import mlflow_trial_numbers
 from tests.records import read_trials
 from tests.faults.cli_runs import (KILL_RUN, ROOT, SLOW_TASK, _free_port, _run_until,
                                    assert_accounted, command, fault_env, mlflow_trial_runs, run)
@@ -136,13 +138,13 @@ def memory_limited(tmp_path):
     machine's memory exhausted."""
     parent = _own_memory_cgroup()
     if parent is None:
-        pytest.skip("no cgroup v1 memory controller here to limit a worker's memory")
+        not_injectable("no cgroup v1 memory controller here to limit a worker's memory")
     group = parent / f"precision-tuner-fault-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
         (group / "memory.limit_in_bytes").write_text(str(3 * 2**30))
     except OSError as exc:
-        pytest.skip(f"cannot make a memory-limited cgroup: {exc}")
+        not_injectable(f"cannot make a memory-limited cgroup: {exc}")
     yield group
     deadline = time.monotonic() + 30
     while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
@@ -222,6 +224,7 @@ def test_mlflow_going_away_mid_run_stops_no_trial_and_the_loss_is_stated(tmp_pat
     # The server's own store holds every trial the run did not list, with its verdict.
     accounting = assert_accounted(fault, run_dir, finished=3, mlflow_uri=store)
     assert accounting.stated == run["mlflow_missing"]
+    _missing_is_what_mlflow_lacks(run_dir, run, store)
 
 
 
@@ -236,7 +239,7 @@ def test_a_read_only_mlflow_store_mid_run_stops_no_trial_and_the_loss_is_stated(
     probe = tmp_path / "probe"
     probe.touch()
     if not (_immutable(probe, True) and _immutable(probe, False)):
-        pytest.skip("chattr +i is not available here (root on ext4 and alike)")
+        not_injectable("chattr +i is not available here (root on ext4 and alike)")
     run_dir = tmp_path / "run"
     process = _run_until(command(run_dir, *KILL_RUN, "--trials", "3", task=SLOW_TASK,
                                  space="quick"), "#0")
@@ -255,6 +258,16 @@ def test_a_read_only_mlflow_store_mid_run_stops_no_trial_and_the_loss_is_stated(
     assert (tmp_path / "best.json").is_file()
     accounting = assert_accounted(fault, run_dir, finished=3)
     assert accounting.stated == run["mlflow_missing"]
+    _missing_is_what_mlflow_lacks(run_dir, run, f"sqlite:///{store}")
+
+
+def _missing_is_what_mlflow_lacks(run_dir: Path, run: dict, uri: str) -> None:
+    """The run's list of trials MLflow misses is exactly what MLflow, read independently,
+    lacks: no trial it holds is listed, none it lacks is left out."""
+    finished = {t["number"] for t in read_trials(run_dir)}
+    held = mlflow_trial_numbers(uri, run_dir)
+    assert held <= finished
+    assert sorted(finished - held) == sorted(run["mlflow_missing"]), (held, run)
 
 # -- a Ray node lost mid-trial -----------------------------------------------------------------
 
