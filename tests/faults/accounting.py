@@ -74,10 +74,13 @@ def _mlflow_trial_runs(uri: str, run: dict) -> dict[int, list]:
 
 
 def mlflow_trial_numbers(uri: str, run_dir: Path) -> set[int]:
-    """The trials of the run in ``run_dir`` that MLflow at ``uri`` holds, read from MLflow
-    itself (not from the run's own list of what it missed)."""
+    """The trials of the run in ``run_dir`` that MLflow at ``uri`` holds in full (their run
+    closed, with its verdict: a run left RUNNING after a failed write holds part of the
+    record), read from MLflow itself, not from the run's own list of what it missed."""
     run = json.loads((Path(run_dir) / "run.json").read_text())
-    return set(_mlflow_trial_runs(uri, run))
+    return {number for number, runs in _mlflow_trial_runs(uri, run).items()
+            if any(found.info.status != "RUNNING" and "verdict" in found.data.tags
+                   for found in runs)}
 
 
 def _optuna_trials(run_dir: Path, run: dict) -> dict[int, object]:

@@ -16,15 +16,18 @@ from __future__ import annotations
 from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence
 from tuner.judging.noise import SpeedupEstimate
 from tuner.judging.objective import Point, pareto_front, ranked
+from tuner.records.results import TrialRow
 from tuner.run.remeasure import Remeasured, Rounds, remeasure
 from tuner.run.trial_loop import Scheduler
 
 MAX_ATTEMPTS = 3   # configs confirmed at most, one after another
 
 
-def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
-    plan, baseline = scheduler.plan, scheduler.baseline
-    allowed, _ = no_loss_scale_evidence(plan.gradient_p01)
+def _points(scheduler: Scheduler) -> tuple[dict[int, TrialRow], list[Point], list[str]]:
+    """The stable trials the objective can rank (a memory figure, and for float16 without a
+    loss scale the evidence that it needs none), as points; and a line for each left out
+    because its memory could not be counted."""
+    allowed, _ = no_loss_scale_evidence(scheduler.plan.gradient_p01)
     rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory
             and (allowed or r.config.compute_dtype != "float16"
                  or r.config.loss_scale.kind != "none")}
@@ -33,6 +36,12 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
     uncounted = [f"left #{r.number} ({r.config.describe()}) out: its training memory could "
                  f"not be counted ({r.result.memory_error or 'no figure'})"
                  for r in scheduler.timed_stable_rows() if not r.result.training_memory]
+    return rows, points, uncounted
+
+
+def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
+    plan, baseline = scheduler.plan, scheduler.baseline
+    rows, points, uncounted = _points(scheduler)
     if not points:
         baseline.estimate = SpeedupEstimate.identity()
         return Remeasured(baseline, decide(baseline.number, [], min_gain=plan.min_gain),
