@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-fast ui clean
+.PHONY: setup browser demo test test-fast docs docs-serve ui clean
 
 setup: $(STAMP)
 
@@ -40,8 +40,16 @@ browser:
 			"(install the Debian packages chromium and chromium-driver)"; \
 	fi
 
+# The documentation site (MkDocs + Material; pages in docs/, the API and CLI references
+# generated from the code): a strict build into site/, or served at http://127.0.0.1:8000.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
+
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

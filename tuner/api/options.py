@@ -25,7 +25,7 @@ def add_tune_parser(commands) -> argparse.ArgumentParser:
 
 def _what_to_try(group) -> None:
     group.add_argument("task", metavar="TASK.py", help="task file: defines build_model(), "
-                      "train_data() and LOSS (see README)")
+                      "train_data() and LOSS (docs/how-to/task-files.md)")
     group.add_argument("--space",
                       help="search space: a built-in name (quick, default) or a YAML path "
                            "[default: quick]")

@@ -1,7 +1,8 @@
 """Static checks of a task file, without importing it (so no TensorFlow in the driver).
 
-The task-file contract (see README): ``build_model()``, ``train_data()`` and ``LOSS`` are
-required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS`` and ``val_data()`` are optional.
+The task-file contract (docs/how-to/task-files.md): ``build_model()``, ``train_data()`` and
+``LOSS`` are required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS`` and ``val_data()`` are
+optional.
 The worker checks what only running the code can show (what ``train_data()`` returns).
 """
 
@@ -55,5 +56,6 @@ def check_task_file(path: str | Path) -> Path:
     missing = [name for name in REQUIRED if name not in names]
     if missing and not has_star_import:
         raise TaskError(f"task file {path} does not define {', '.join(missing)}. A task file must "
-                        "define build_model(), train_data() and LOSS (see README, 'Task files').")
+                        "define build_model(), train_data() and LOSS (see "
+                        "docs/how-to/task-files.md).")
     return path.resolve()

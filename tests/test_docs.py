@@ -1,0 +1,165 @@
+"""The documentation site: it builds strictly (a broken link, a missing reference or a page left
+out of the navigation fails), its CLI reference is the parser's, and every piece of Python on
+its pages and in the README comes from a file the tests run, so no snippet can rot."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Files pages include code from, and the test that runs each as it stands.
+TESTED_EXAMPLES = {
+    "examples/from_python.py": "tests/test_python_api.py::test_a_model_defined_in_main_tunes",
+    "examples/apply_config.py": "tests/test_docs.py::test_the_apply_example_runs_as_shown",
+}
+FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+                          cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    built = _build(ROOT, site)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return site
+
+
+def _text(html_file: Path) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", html_file.read_text()))
+
+
+def test_the_cli_reference_holds_every_command_and_flag_of_the_parser(site):
+    import argparse
+
+    from tuner.cli.app import build_parser
+
+    page = _text(site / "reference" / "cli" / "index.html")
+    seen = []
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    walk(subparser, f"{name} {sub}")
+            elif action.help != argparse.SUPPRESS:
+                seen.extend(action.option_strings)
+                for flag in action.option_strings:
+                    assert flag in page, (name, flag)
+        assert name in page, name
+
+    walk(build_parser(), "precision-tuner")
+    assert "--keep-slow-policies" in seen and "--against" in seen   # tune's and train's
+
+
+def test_the_api_reference_is_generated_from_the_docstrings(site):
+    page = _text(site / "reference" / "api" / "index.html")
+    for name in ("PrecisionConfig", "wrap_optimizer", "PrecisionGuard", "GuardError",
+                 "TuneResult", "load_result"):
+        assert name in page, name
+    from tuner import PrecisionConfig
+
+    docstring = PrecisionConfig.guard.__doc__.replace("`", "")   # ``x`` renders as code
+    assert " ".join(docstring.split()[:6]) in " ".join(page.split())
+
+
+def _copy_of_the_docs(tmp_path: Path) -> Path:
+    """The site's sources in ``tmp_path`` (the code it reads linked, not copied)."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    for name in ("examples", "tuner"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("breakage, said", [
+    ("link", "the target 'how-to/no-such-page.md' is not found among documentation files"),
+    ("nav", "are not included in the \"nav\" configuration"),
+    ("snippet", "Snippet at path 'examples/no_such_example.py' could not be found"),
+])
+def test_a_broken_link_a_page_outside_the_nav_or_a_missing_snippet_fails_the_build(
+        tmp_path, breakage, said):
+    root = _copy_of_the_docs(tmp_path / "src")
+    if breakage == "link":
+        page = root / "docs" / "how-to" / "resume.md"
+        page.write_text(page.read_text() + "\nSee [nowhere](no-such-page.md).\n")
+    elif breakage == "nav":
+        (root / "docs" / "orphan.md").write_text("# An orphan\n")
+    else:
+        page = root / "docs" / "how-to" / "apply.md"
+        page.write_text(page.read_text() + '\n```python\n--8<-- "examples/no_such_example.py"\n'
+                                           '```\n')
+    built = _build(root, tmp_path / "site")
+    assert built.returncode != 0
+    assert said in " ".join((built.stdout + built.stderr).split())
+
+
+def test_every_python_block_on_a_page_comes_from_a_file_the_tests_run():
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    blocks = [(page, block) for page in pages for block in FENCE.findall(page.read_text())]
+    assert blocks
+    for page, block in blocks:
+        lines = [line for line in block.splitlines() if line.strip()]
+        match = re.fullmatch(r'--8<-- "([^":]+)(?::\w+)?"', lines[0].strip()) if lines else None
+        assert match and len(lines) == 1, f"{page}: write the code in a tested example and " \
+                                          f"include it (--8<--): {block[:200]!r}"
+        assert match.group(1) in TESTED_EXAMPLES, f"{page}: {match.group(1)} is run by no test"
+
+
+def test_the_readme_is_short_and_its_code_is_from_the_tested_examples():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "make demo" in readme and "make test" in readme      # the two quick-start commands
+    sources = {path: (ROOT / path).read_text() for path in TESTED_EXAMPLES}
+    for block in FENCE.findall(readme):
+        lines = [line.rstrip() for line in block.splitlines() if line.strip()]
+        # Every line of the block, in order, in one tested example.
+        assert any(_in_order(lines, text.splitlines()) for text in sources.values()), block
+
+
+def _in_order(lines: list[str], source: list[str]) -> bool:
+    position = 0
+    for line in lines:
+        try:
+            position = [s.rstrip() for s in source].index(line, position) + 1
+        except ValueError:
+            return False
+    return True
+
+
+@pytest.mark.slow
+def test_the_apply_example_runs_as_shown(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "apply_config.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "applied mixed_bfloat16: 0 guard events" in done.stdout
+    from tuner import PrecisionConfig
+
+    assert PrecisionConfig.load(tmp_path / "repaired.json").policy == "mixed_bfloat16"
+
+
+def test_the_benchmark_plots_on_the_site_are_their_results_files(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    drawn = plots.render(out=tmp_path)
+    assert drawn
+    for image in drawn:
+        committed = ROOT / "docs" / "img" / "benchmarks" / image.name
+        assert committed.read_bytes() == image.read_bytes(), \
+            f"{committed} is not its results file's: run python benchmarks/plots.py"
+        assert f"img/benchmarks/{image.name}" in (ROOT / "docs" / "benchmarks.md").read_text()
