@@ -210,14 +210,14 @@ class SixSubclassed(keras.Model):
 
 
 def _by_name(model):
-    from tuner.apply.scope import layer_paths
+    from tuner.apply.layers import layer_paths
 
     return {layer.name: layer for layer, _ in layer_paths(model)}
 
 
 def _outputs_by_name(model, x):
     """Each layer's output in one eager training-mode call (MHA's softmax included)."""
-    from tuner.apply.scope import hook_layer_calls
+    from tuner.apply.layers import hook_layer_calls
 
     outputs = {}
     with hook_layer_calls(after=lambda layer, output: outputs.setdefault(layer.name, output)):
@@ -287,7 +287,7 @@ def test_a_pattern_that_matches_nothing_warns_once_the_model_is_built():
 
 
 def test_float32_matches_reports_groups_patterns_and_paths():
-    from tuner.apply.scope import float32_matches
+    from tuner.apply.layers import float32_matches
 
     model = SixSubclassed()
     model(np.ones((1,) + SHAPE, "float32"))

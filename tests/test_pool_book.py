@@ -96,7 +96,8 @@ def test_a_jobs_task_check_on_a_borrowed_worker_takes_turns_with_timed_phases(mo
     waits for them (tuner.execution.ray_pool.RayExecutor._call)."""
     import ray
 
-    from tuner.execution.ray_pool import RayExecutor, _Slot
+    from tuner.execution.ray_pool import RayExecutor
+    from tuner.execution.ray_slots import Slot
 
     book = _book(nodes=("n1",))
     (mine,) = book.borrow("B", 1)
@@ -125,7 +126,7 @@ def test_a_jobs_task_check_on_a_borrowed_worker_takes_turns_with_timed_phases(mo
 
     executor = RayExecutor.__new__(RayExecutor)
     executor.workers, executor.announce, executor._lender = 1, None, Lender()
-    executor._slots = [_Slot(Worker(), "n1", name=mine)]
+    executor._slots = [Slot(Worker(), "n1", name=mine)]
     executor.task_source_cache = {"t.py": {"digest": "d", "ref": []}}
     monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref)
     assert executor.probe("t.py", 3) == {"ok": True}

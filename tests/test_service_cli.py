@@ -124,10 +124,10 @@ def test_job_tags_come_from_the_job_environment(monkeypatch):
 
 
 def test_the_token_file_is_readable_by_its_owner_only(tmp_path):
-    token = service._ensure_token(tmp_path)
+    token = service.ensure_token(tmp_path)
     path = service.token_path(tmp_path)
     assert len(token) == 64 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert service._ensure_token(tmp_path) == token      # created once
+    assert service.ensure_token(tmp_path) == token      # created once
 
 
 def test_binding_beyond_loopback_turns_authentication_on(tmp_path):

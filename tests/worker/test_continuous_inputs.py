@@ -110,7 +110,7 @@ def _normalized_longitudes(cfg) -> int:
     """How many distinct longitudes the Normalization layer's output holds under ``cfg``."""
     import keras
 
-    from tuner.apply.scope import hook_layer_calls
+    from tuner.apply.layers import hook_layer_calls
     from tuner.worker.task_loader import load_task
     from tuner.worker.trial import reset_keras_state
 

@@ -12,7 +12,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from tuner.apply.config import FLOAT32_GROUPS, Float32Placement, PrecisionConfig  # noqa: E402
-from tuner.apply.scope import float32_matches, layer_paths  # noqa: E402
+from tuner.apply.layers import float32_matches, layer_paths  # noqa: E402
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec  # noqa: E402
 from tuner.worker.task_loader import fixed_batches, load_task  # noqa: E402
 from tuner.worker.trial import reset_keras_state, run_trial  # noqa: E402

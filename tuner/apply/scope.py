@@ -3,8 +3,9 @@
 ``precision_scope(cfg)`` sets the global dtype policy, floatx and epsilon, and gives every layer
 that ``cfg.float32`` selects a float32 dtype policy. It yields a :class:`Float32Placer`, whose
 ``report()`` says which layers each group and each pattern matched; a pattern that matched no
-layer gives a warning once the model is built. ``float32_matches(model, groups, patterns)``
-answers the same question for a model that is already built.
+layer gives a warning once the model is built. Which layers a group or a pattern selects, and
+the layers' paths, are tuner.apply.layers' (``float32_matches`` answers the same question for a
+model that is already built).
 
 Placement uses Keras's own per-layer mechanism: a selected layer gets
 ``layer.dtype_policy = keras.DTypePolicy("float32")``, and the 16-bit layer that follows it casts
@@ -61,145 +62,21 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import fnmatch
 import functools
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator
 
 import keras
 
-if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
-    from tuner.apply.config import PrecisionConfig
+from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
+                                 layer_paths, matching_patterns, prospective_path,
+                                 runs_a_graph, sublayers)
 
-_NORMALIZATION_TYPES = tuple(
-    getattr(keras.layers, name) for name in
-    ("BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization",
-     "RMSNormalization", "SpectralNormalization")
-    if hasattr(keras.layers, name))
-_ATTENTION_TYPES = tuple(
-    getattr(keras.layers, name) for name in
-    ("MultiHeadAttention", "Attention", "AdditiveAttention", "GroupQueryAttention")
-    if hasattr(keras.layers, name))
-_SOFTMAX_NAMES = ("softmax", "log_softmax")
 _FLOAT32 = "float32"
 
-
-def layer_groups(layer: keras.layers.Layer) -> set[str]:
-    """The float32 class groups a layer belongs to (custom layers by their class name).
-
-    A model belongs to none: a model whose class is named after attention is a network, not a
-    block to keep in float32 (a pattern can still select a sub-model, and with it its layers).
-    """
-    if isinstance(layer, keras.Model):
-        return set()
-    class_name = type(layer).__name__
-    groups = set()
-    if isinstance(layer, _NORMALIZATION_TYPES) or class_name.endswith(("Normalization", "Norm")):
-        groups.add("normalization")
-    if isinstance(layer, _ATTENTION_TYPES) or "Attention" in class_name:
-        groups.add("attention")
-    if isinstance(layer, keras.layers.Embedding):
-        groups.add("embedding")
-    if isinstance(layer, keras.layers.Softmax) or _activation_name(layer) in _SOFTMAX_NAMES:
-        groups.add("softmax")
-    return groups
-
-
-def _activation_name(layer: keras.layers.Layer) -> str | None:
-    activation = getattr(layer, "activation", None)
-    return getattr(activation, "__name__", None) if callable(activation) else None
-
-
-def matching_patterns(layer: keras.layers.Layer, path: str | None,
-                      patterns: Sequence[str]) -> list[str]:
-    """The glob patterns that match the layer's name or its path."""
-    names = [layer.name] + ([path] if path and path != layer.name else [])
-    return [pattern for pattern in patterns
-            if any(fnmatch.fnmatchcase(name, pattern) for name in names)]
-
-
-def _sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    # Keras's own traversal (what Model.layers and summary() use): it also lists the layers a
-    # parent created itself (MultiHeadAttention's softmax, Bidirectional's copies).
-    return list(layer._flatten_layers(include_self=False, recursive=False))
-
-
-def layer_paths(root: keras.layers.Layer) -> list[tuple[keras.layers.Layer, str]]:
-    """Every layer inside ``root`` (input layers aside), depth first, once each, with its path.
-
-    The path is Keras's ``layer.path`` where it has one. Layers without weights never get one
-    (Keras sets it when it builds a layer, and those are built at construction), so they get
-    the prefix that their siblings' paths show, else their parent's path, before their name.
-    """
-    found: list[tuple[keras.layers.Layer, str]] = []
-    seen: set[int] = set()
-
-    def visit(parent: keras.layers.Layer, parent_path: str) -> None:
-        children = _sublayers(parent)
-        prefix = _children_prefix(children, parent_path)
-        for child in children:
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            path = child.path or (f"{prefix}/{child.name}" if prefix else child.name)
-            if not isinstance(child, keras.layers.InputLayer):
-                found.append((child, path))
-            visit(child, path)
-
-    visit(root, root.path or root.name)
-    return found
-
-
-def _children_prefix(children: list[keras.layers.Layer], parent_path: str) -> str:
-    # A functional model's layers are built outside its name scope ("dense", not
-    # "model/dense"); a subclassed model's inside it: the siblings with a path tell which.
-    for child in children:
-        if child.path:
-            head, _, tail = child.path.rpartition("/")
-            if tail == child.name:
-                return head
-    return parent_path
-
-
-def float32_matches(model: keras.layers.Layer, groups: Sequence[str],
-                    patterns: Sequence[str] = ()) -> dict[str, Any]:
-    """Which layers of a built model each float32 group and each layer pattern selects.
-
-    Plain data, paths in model order: ``{"groups": {group: [path, ...]}, "layers":
-    {pattern: [path, ...]}, "all_layers": [path, ...]}``.
-    """
-    found: dict[str, Any] = {"groups": {group: [] for group in groups},
-                             "layers": {pattern: [] for pattern in patterns},
-                             "all_layers": []}
-    for layer, path in layer_paths(model):
-        found["all_layers"].append(path)
-        for group in layer_groups(layer) & set(groups):
-            found["groups"][group].append(path)
-        for pattern in matching_patterns(layer, path, patterns):
-            found["layers"][pattern].append(path)
-    return found
-
-
-def call_path(layer: keras.layers.Layer) -> str:
-    """The layer's path as ``float32_matches`` names it, from inside or around its call:
-    Keras's ``layer.path`` where it has one, else the current name scope plus its name."""
-    return _prospective_path(layer) or layer.name
-
-
-def _prospective_path(layer: keras.layers.Layer) -> str | None:
-    """The path Keras gives ``layer`` when it builds or calls it here: its build wrapper opens
-    the layer's name scope under the current one (or under the parent path it already has)."""
-    if layer.path:
-        return layer.path
-    try:
-        from keras.src.backend.common.name_scope import current_path
-    except ImportError:  # a private module: without it names still match, paths do not
-        return None
-    parent = getattr(layer, "_parent_path", None)
-    parent = current_path() if parent is None else parent
-    return f"{parent}/{layer.name}" if parent else layer.name
-
+if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
+    from tuner.apply.config import PrecisionConfig
 
 class Float32Placer:
     """Decides which layers compute in float32 under one config, and remembers why.
@@ -263,7 +140,7 @@ class Float32Placer:
 
         @functools.wraps(keras_build)  # keeps Keras's signature and its `_is_default` mark
         def build(*args, **kwargs):
-            placer.decide(layer, _prospective_path(layer))
+            placer.decide(layer, prospective_path(layer))
             placer._active.append(layer)
             try:
                 keras_build(*args, **kwargs)
@@ -276,7 +153,7 @@ class Float32Placer:
     @contextlib.contextmanager
     def calling(self, layer: keras.layers.Layer) -> Iterator[None]:
         if layer not in self._decided:
-            self.decide(layer, _prospective_path(layer))
+            self.decide(layer, prospective_path(layer))
         self._record_children(layer)
         self._active.append(layer)
         try:
@@ -347,7 +224,7 @@ class Float32Placer:
 
     # -- handing float32 results back to the owner's dtype ------------------------------------
     def _record_children(self, parent: keras.layers.Layer) -> None:
-        for child in _sublayers(parent):
+        for child in sublayers(parent):
             if child not in self._parents:
                 self._parents[child] = parent
                 if child in self._placed:
@@ -355,7 +232,7 @@ class Float32Placer:
 
     def _owner_may_return_it(self, layer: keras.layers.Layer) -> None:
         owner = self._parents.get(layer)
-        if isinstance(owner, keras.Model) and not _runs_a_graph(owner):
+        if isinstance(owner, keras.Model) and not runs_a_graph(owner):
             self._return_originals(owner)
 
     def _hand_back(self, layer: keras.layers.Layer) -> None:
@@ -372,7 +249,7 @@ class Float32Placer:
         def call(*args, **kwargs):
             output = keras_call(*args, **kwargs)
             owner = placer._parents.get(layer)
-            if owner is None or _runs_a_graph(owner) or owner in placer._placed:
+            if owner is None or runs_a_graph(owner) or owner in placer._placed:
                 return output
             return keras.tree.map_structure(
                 lambda value: placer._cast_for(owner, value), output)
@@ -381,7 +258,7 @@ class Float32Placer:
 
     def _cast_for(self, owner: keras.layers.Layer, value: Any) -> Any:
         target = owner.compute_dtype
-        if not _float_needing_cast(value, target):
+        if not float_needing_cast(value, target):
             return value
         cast = keras.ops.cast(value, target)
         if owner in self._returning_originals:  # it may return it: give it the original
@@ -427,14 +304,6 @@ class Float32Placer:
                           "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
 
 
-def _float_needing_cast(value: Any, target: str) -> bool:
-    """A float tensor whose dtype is not the float dtype ``target``."""
-    dtype = getattr(value, "dtype", None)
-    return dtype is not None and keras.backend.is_float_dtype(target) \
-        and keras.backend.is_float_dtype(dtype) \
-        and keras.backend.standardize_dtype(dtype) != target
-
-
 def _cast_outputs_to_float32(model: keras.Model) -> None:
     """``float32.outputs``: the model's float outputs come out in float32 (Keras's mixed
     precision guide ends a model with a float32 layer for this), so the loss, the metrics and a
@@ -448,7 +317,7 @@ def _cast_outputs_to_float32(model: keras.Model) -> None:
     keras_call = model.call
 
     def to_float32(value: Any) -> Any:
-        return keras.ops.cast(value, _FLOAT32) if _float_needing_cast(value, _FLOAT32) \
+        return keras.ops.cast(value, _FLOAT32) if float_needing_cast(value, _FLOAT32) \
             else value
 
     @functools.wraps(keras_call)
@@ -460,37 +329,6 @@ def _cast_outputs_to_float32(model: keras.Model) -> None:
         return keras.tree.map_structure(to_float32, output)
 
     object.__setattr__(model, "call", call)
-
-
-def _runs_a_graph(layer: keras.layers.Layer) -> bool:
-    """A functional or Sequential model: its layers cast their own inputs."""
-    from keras.src.models.functional import Functional
-
-    return isinstance(layer, (Functional, keras.Sequential))
-
-
-@contextlib.contextmanager
-def hook_layer_calls(before=None, after=None, around=None) -> Iterator[None]:
-    """Run ``before(layer, args, kwargs)`` ahead of (with the call's arguments, before Keras
-    casts them), and ``after(layer, output)`` behind, every Keras layer call inside the block
-    (the model's own call included), and the call itself inside the context manager
-    ``around(layer)``; restored on exit."""
-    original_call = keras.layers.Layer.__call__
-
-    def call(layer, *args, **kwargs):
-        if before is not None:
-            before(layer, args, kwargs)
-        with around(layer) if around is not None else contextlib.nullcontext():
-            output = original_call(layer, *args, **kwargs)
-        if after is not None:
-            after(layer, output)
-        return output
-
-    keras.layers.Layer.__call__ = call
-    try:
-        yield
-    finally:
-        keras.layers.Layer.__call__ = original_call
 
 
 @contextlib.contextmanager

@@ -23,8 +23,12 @@ The Ray head runs as ``ray start --head --block`` in its own process group: stop
 service ends that group (Ray's own processes end with it), never ``ray stop``, which would
 stop every Ray instance on the machine.
 
+Its record and the host's facts (``ServiceInfo``, service.json, the token file, the port
+checks) are tuner.service.service_info's.
+
 Past 300 lines: starting, watching and stopping the service's two processes (the Ray head and
-MLflow) and its record in Ray's job store all work on the one ``ServiceInfo``.
+MLflow), its warm workers and spare drivers, and its record in Ray's job store all work on the
+one ``ServiceInfo``.
 """
 
 from __future__ import annotations
@@ -32,149 +36,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError, UsageError, first_line
 from tuner.execution.warm_pool import describe as describe_pool
-from tuner.records.run_store import write_atomic
 from tuner.service.contract import (CLAIMED, DRIVERS, JOB_KIND, MLFLOW_USER, READY,
                                     RECORD_JOB, SPARES, STARTING, client_for)
+from tuner.service.service_info import (LOOPBACK, ServiceInfo, alive, check_ports,
+                                        ensure_token, free_port, ray_temp_dir, read_info,
+                                        running, token_path, write_info)
 
-SERVICE_FILE = "service.json"
-TOKEN_FILE = "auth_token"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _START_TIMEOUT_S = 120.0
-
-
-@dataclass
-class ServiceInfo:
-    """What ``service.json`` holds: plain data, no secrets."""
-
-    dir: str
-    host: str
-    ray_port: int
-    dashboard_port: int
-    mlflow_port: int
-    auth: bool
-    ray_temp_dir: str
-    ray_pid: int = 0
-    mlflow_pid: int = 0
-    started_at: str = ""
-    warm_workers: int | None = None      # slot workers per node (None: one per CPU; 0: no pool)
-    pool: dict | None = None             # the pool as it stood when the service started
-    drivers_pid: int = 0                 # the spare drivers' keeper (tuner.cli.spare)
-
-    @property
-    def advertised_host(self) -> str:
-        """The host clients use: the bind address, or this machine's address for 0.0.0.0."""
-        if self.host in ("0.0.0.0", "::", ""):
-            return _primary_address()
-        return self.host
-
-    @property
-    def job_server(self) -> str:
-        return f"http://{self.advertised_host}:{self.dashboard_port}"
-
-    @property
-    def tracking_uri(self) -> str:
-        return f"http://{self.advertised_host}:{self.mlflow_port}"
-
-    @property
-    def ray_address(self) -> str:
-        return f"{self.advertised_host}:{self.ray_port}"
-
-    def record(self) -> dict[str, str]:
-        """The metadata of the service's record job: what a client needs to know."""
-        return {"precision_tuner": "service", "tracking_uri": self.tracking_uri,
-                "service_dir": self.dir, "auth": "token" if self.auth else "none",
-                "ray_address": self.ray_address,
-                "warm_workers": "per CPU" if self.warm_workers is None
-                else str(self.warm_workers)}
-
-
-def _primary_address() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("10.255.255.255", 1))  # no packet is sent; picks the outgoing address
-            return sock.getsockname()[0]
-        except OSError:
-            return socket.gethostname()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1" if host in ("0.0.0.0", "") else host, port)) == 0
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def read_info(service_dir: Path) -> ServiceInfo | None:
-    path = service_dir / SERVICE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return ServiceInfo(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}. Remove it and run `precision-tuner "
-                         "service start` again.") from None
-
-
-def _write_info(info: ServiceInfo) -> None:
-    write_atomic(Path(info.dir) / SERVICE_FILE, json.dumps(asdict(info), indent=2) + "\n")
-
-
-def running(info: ServiceInfo | None) -> bool:
-    return info is not None and _alive(info.ray_pid) and _alive(info.mlflow_pid)
-
-
-def token_path(service_dir: Path) -> Path:
-    return service_dir / TOKEN_FILE
-
-
-def _ensure_token(service_dir: Path) -> str:
-    """The shared secret, created once, readable by its owner only."""
-    path = token_path(service_dir)
-    if not path.is_file():
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))
-    os.chmod(path, 0o600)
-    return path.read_text().strip()
-
-
-def _ray_temp_dir(service_dir: Path) -> str:
-    # Ray's unix sockets live under its temp dir, whose path must stay short.
-    digest = hashlib.sha1(str(service_dir).encode()).hexdigest()[:10]
-    return str(Path(tempfile.gettempdir()) / f"pt-ray-{digest}")
 
 
 def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dict[str, str]:
@@ -201,38 +77,6 @@ def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dic
     return env
 
 
-# Ray's default --min-worker-port and --max-worker-port: the head reserves them for its workers,
-# and a head whose own port lies among them exits at start with only a pointer to its log.
-RAY_WORKER_PORTS = (10002, 19999)
-
-
-def check_ports(host: str, ports: dict[str, int]) -> None:
-    """Refuse, in one line and before anything starts, a port that cannot work: not a port,
-    privileged without root, the Ray head's inside Ray's worker-port range, two services on
-    one port, or one already in use."""
-    low, high = RAY_WORKER_PORTS
-    seen: dict[int, str] = {}
-    for name, port in ports.items():
-        if port > 65535:
-            raise UsageError(f"{name} {port} is not a port (at most 65535). Pass a port from "
-                             "1024 to 65535.")
-        if port < 1024 and os.geteuid() != 0:
-            raise UsageError(f"{name} {port} is a privileged port (below 1024), which only "
-                             "root may bind. Pass a port from 1024 to 65535.")
-        if name == "--ray-port" and low <= port <= high:
-            raise UsageError(f"{name} {port} lies in Ray's worker-port range ({low}-{high}), "
-                             "which the head reserves for its workers, so it would exit at "
-                             "start. Pass a port outside it, e.g. 6379 (the default).")
-        if port in seen:
-            raise UsageError(f"{seen[port]} and {name} are both {port}; each service needs "
-                             "its own port. Pass another one for either.")
-        seen[port] = name
-    for name, port in ports.items():
-        if _port_in_use(host, port):
-            raise UsageError(f"port {port} ({name}) on {host} is already in use. Pass another "
-                             f"{name}, or stop what listens there.")
-
-
 def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
           dashboard_port: int = 8265, mlflow_port: int = 5000, num_cpus: int | None = None,
           auth: bool | None = None, warm_workers: int | None = None,
@@ -242,7 +86,7 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
     previous = read_info(service_dir)
     if running(previous):
         return previous, False
-    if previous is not None and (_alive(previous.ray_pid) or _alive(previous.mlflow_pid)):
+    if previous is not None and (alive(previous.ray_pid) or alive(previous.mlflow_pid)):
         raise UsageError(f"the service in {str(service_dir)!r} is only partly running (Ray head "
                          f"pid {previous.ray_pid}, MLflow pid {previous.mlflow_pid}). Run "
                          f"`precision-tuner service stop --dir {service_dir}`, then start it.")
@@ -254,21 +98,21 @@ def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
         (service_dir / sub).mkdir(exist_ok=True)
     info = ServiceInfo(dir=str(service_dir), host=host, ray_port=ray_port,
                        dashboard_port=dashboard_port, mlflow_port=mlflow_port, auth=auth,
-                       ray_temp_dir=_ray_temp_dir(service_dir),
+                       ray_temp_dir=ray_temp_dir(service_dir),
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        warm_workers=warm_workers)
-    token = _ensure_token(service_dir) if auth else None
+    token = ensure_token(service_dir) if auth else None
     env = _environment(service_dir, info, token)
     try:
         info.mlflow_pid = _start_mlflow(service_dir, info, env, token)
         info.ray_pid = _start_ray(service_dir, info, env, num_cpus)
-        _write_info(info)
+        write_info(info)
         _wait_until_up(info, token)
         _register(info, token)
         if warm_workers != 0:
             info.pool = _start_pool(info, env)
             info.drivers_pid = _start_spares(service_dir, env)
-            _write_info(info)
+            write_info(info)
             _wait_for_spares(info)
     except BaseException:
         _stop_processes(info)
@@ -332,7 +176,7 @@ def _wait_for_spares(info: ServiceInfo, wait_s: float = 60.0) -> None:
     none runs as its own process, as without them)."""
     deadline = time.monotonic() + wait_s
     while spares(info)["ready"] < SPARES and time.monotonic() < deadline:
-        if not _alive(info.drivers_pid):
+        if not alive(info.drivers_pid):
             raise TunerError(f"the spare drivers' keeper exited during start-up; see "
                              f"{Path(info.dir) / 'logs' / 'drivers.log'}")
         time.sleep(0.2)
@@ -385,7 +229,7 @@ def _wait_until_up(info: ServiceInfo, token: str | None) -> None:
             except OSError:
                 pass
         for name, pid in (("Ray head", info.ray_pid), ("MLflow server", info.mlflow_pid)):
-            if not _alive(pid):
+            if not alive(pid):
                 raise TunerError(f"the {name} exited during start-up; see "
                                  f"{Path(info.dir) / 'logs'}/")
         if pending and time.monotonic() > deadline:
@@ -463,7 +307,7 @@ def stop(service_dir: Path) -> ServiceInfo | None:
         _stop_jobs(info)
     _stop_processes(info)
     info.ray_pid = info.mlflow_pid = info.drivers_pid = 0
-    _write_info(info)
+    write_info(info)
     return info
 
 

@@ -201,7 +201,7 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from tuner.apply.scope import hook_layer_calls
+    from tuner.apply.layers import hook_layer_calls
 
     model.compile(optimizer=task.optimizer(), loss=task.loss)
     first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])

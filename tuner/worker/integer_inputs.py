@@ -98,7 +98,7 @@ def first_rounding(model, x, checks: dict[Any, Callable]) -> tuple[Any, str, str
     """Run the forward pass once, eagerly, asking every check about every float input of every
     layer call (``check(layer, path, index, arrives, computes)`` returns ``(layer, reason)``
     or None): ``(tag, layer, reason)`` from the first that answers, else None."""
-    from tuner.apply.scope import call_path, hook_layer_calls
+    from tuner.apply.layers import call_path, hook_layer_calls
 
     found: list[tuple[Any, str, str]] = []
 

@@ -26,7 +26,7 @@ class LayerWatch:
         self.captured: list[tuple[str, Any, Any]] = []
 
     def inputs(self, layer, args, kwargs) -> None:
-        from tuner.apply.scope import call_path
+        from tuner.apply.layers import call_path
 
         path = call_path(layer)
         integer_inputs_of(layer, path, args, kwargs, self.integer_inputs)
@@ -36,7 +36,7 @@ class LayerWatch:
         import keras
         import tensorflow as tf
 
-        from tuner.apply.scope import call_path
+        from tuner.apply.layers import call_path
 
         if not isinstance(layer, keras.Model):
             for tensor in tf.nest.flatten(output):
@@ -55,7 +55,7 @@ def forward_findings(model, batches: list, steps: int) -> dict[str, list]:
     what the diagnostics keep where gradients cannot be traced."""
     import keras
 
-    from tuner.apply.scope import hook_layer_calls
+    from tuner.apply.layers import hook_layer_calls
 
     watch = LayerWatch()
     for step in range(steps):

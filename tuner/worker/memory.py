@@ -75,7 +75,7 @@ def training_memory(model, optimizer, x) -> dict:
     {...}, "total_bytes": n}`` for ``model`` trained by ``optimizer`` on a batch like ``x``."""
     import keras
 
-    from tuner.apply.scope import hook_layer_calls
+    from tuner.apply.layers import hook_layer_calls
 
     state = {}
     for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):

@@ -40,7 +40,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import keras
     import tensorflow as tf
 
-    from tuner.apply.scope import float32_matches
+    from tuner.apply.layers import float32_matches
     from tuner.worker.task_loader import fixed_batches, load_task
 
     started = time.perf_counter()

@@ -141,7 +141,7 @@ def _failure_context(model) -> tuple[list[str], list[str]]:
     and the layers whose last call added a loss term that is not float32 (``add_loss``)."""
     if model is None:
         return [], []
-    from tuner.apply.scope import layer_paths
+    from tuner.apply.layers import layer_paths
 
     try:
         pairs = layer_paths(model)
@@ -202,7 +202,7 @@ def first_non_finite_layer(model, x) -> str | None:
     import numpy as np
     import tensorflow as tf
 
-    from tuner.apply.scope import call_path, hook_layer_calls
+    from tuner.apply.layers import call_path, hook_layer_calls
 
     found: list[str] = []
 

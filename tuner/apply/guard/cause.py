@@ -19,7 +19,8 @@ from typing import Any
 import keras
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
-from tuner.apply.scope import Float32Placer, call_path, hook_layer_calls, layer_paths
+from tuner.apply.layers import call_path, hook_layer_calls, layer_paths
+from tuner.apply.scope import Float32Placer
 
 
 @dataclass
