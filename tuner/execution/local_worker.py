@@ -77,7 +77,7 @@ class WorkerProcess:
                 start_new_session=True)
         self._connection = Connection(ours.detach())
         self._busy = False
-        self._send([p for p in sys.path])  # what spawn gave its children: see tuner.worker.serve
+        self._send(list(sys.path))  # what spawn gave its children: see tuner.worker.serve
 
     def call(self, function, *args, timeout_s: float):
         """``function(*args)`` in the worker: its value, or its exception raised here."""
@@ -102,6 +102,8 @@ class WorkerProcess:
             raise WorkerDied(self._exit_code(), self.log_path) from None
 
     def _exit_code(self) -> int | None:
+        """The dead worker's exit code; its socket is closed (nothing more will come)."""
+        self._connection.close()
         try:
             return self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:  # its socket closed but it lives on: end it
