@@ -51,7 +51,7 @@ def _close_orphans(info, token_file) -> None:
 
 def _stop(args) -> int:
     info = service.read_info(args.dir.resolve())
-    if info is None or not (service._alive(info.ray_pid) or service._alive(info.mlflow_pid)):
+    if info is None or not (service.alive(info.ray_pid) or service.alive(info.mlflow_pid)):
         print(f"precision-tuner service: not running in {args.dir}")
         if info is not None:
             service.stop(args.dir)  # leftovers of a half-dead service
