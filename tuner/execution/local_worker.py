@@ -20,10 +20,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import tuner
+from tuner.worker.process import WORKER_ENV
 
 _PROGRAM = "tuner.worker.serve"
-# Set before the worker's first import: TensorFlow's C++ logging would flood the log otherwise.
-_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 
 
 class WorkerDied(Exception):
@@ -67,7 +66,7 @@ class WorkerProcess:
         self.log_path = log_path
         ours, theirs = socket.socketpair()
         package_root = str(Path(tuner.__file__).resolve().parent.parent)
-        env = {**os.environ, **_ENV,
+        env = {**os.environ, **WORKER_ENV,
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                            os.environ.get("PYTHONPATH")]))}
         with open(log_path, "ab") as log, theirs:

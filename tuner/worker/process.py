@@ -21,7 +21,7 @@ from tuner.worker.trial import run_trial
 from tuner.worker.probe import probe_task
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.
-_WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 
 
 def _exit_with_parent() -> None:
@@ -36,7 +36,7 @@ def _exit_with_parent() -> None:
 def start_local_worker() -> None:
     """The local executor's worker program (tuner.worker.serve), before its first request. Its
     stdout and stderr (TensorFlow and Keras chatter, user prints) are the worker log already."""
-    os.environ.update(_WORKER_ENV)
+    os.environ.update(WORKER_ENV)
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     import warnings
 
