@@ -112,6 +112,12 @@ class TrialResult:
     # losses, metrics, source; None when the run did not validate.
     validation: dict[str, Any] | None = None
     trained_steps: int | None = None   # a live model: the steps it has trained in all
+    # Each loss the train_step returns, per step, where it returns more than ``loss`` alone
+    # (a GAN's d_loss and g_loss); ``losses`` then holds ``loss``, or their sum.
+    loss_terms: dict[str, list[float]] = field(default_factory=dict)
+    # With more than one optimizer (compile_model): each one's ``name``, ``initial_loss_scale``,
+    # ``loss_scales`` (after each step) and ``skipped`` steps.
+    optimizers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def timed_steps_ms(self) -> list[float]:

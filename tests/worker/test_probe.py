@@ -116,9 +116,10 @@ def test_a_diagnostics_failure_of_a_loss_none_task_is_reported_as_what_it_was(tm
         "RuntimeError: a layer the diagnostics cannot trace"
 
 
-def test_a_model_without_call_is_refused_in_one_line_that_says_so(tmp_path):
-    """The Keras guide's GAN has no call() (fit trains it through its train_step alone): the
-    task check says that, not Keras's NotImplementedError with a hint about x."""
+def test_a_model_without_call_or_compile_model_is_refused_in_one_line_that_says_so(tmp_path):
+    """The Keras guide's GAN has no call() (fit trains it through its train_step alone): without
+    compile_model the task check says so and names the hook, not Keras's NotImplementedError
+    with a hint about x."""
     from tuner.errors import TaskError
 
     path = tmp_path / "no_call.py"
@@ -140,4 +141,4 @@ def train_data():
         probe_task(str(path), steps=2)
     message = str(refused.value)
     assert message.startswith("GAN from build_model() in no_call.py defines no call()")
-    assert "Give GAN a call()" in message and "\n" not in message
+    assert "Define compile_model(model, wrap_optimizer)" in message and "\n" not in message

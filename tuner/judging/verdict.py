@@ -19,8 +19,12 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tuner.judging.learning import (  # noqa: F401 - also this module's public names
+    LEVEL_ALLOWANCE, NOISE_SIGMAS, _window, barely_learned, decrease_noise, level_gap,
+    loss_decrease, standard_error)
+from tuner.judging.terms import terms_gap
 from tuner.trial_types import TrialOutcome, TrialResult
 
 
@@ -43,48 +47,6 @@ class Judgement:
     @property
     def stable(self) -> bool:
         return self.verdict is Verdict.STABLE
-
-
-NOISE_SIGMAS = 2.0  # a difference within this many standard errors is noise
-# How much higher than float32's a trial's end level (training or validation loss) may be,
-# relative, besides the noise. Two runs of the same seed and batches drift apart as rounding
-# differs: measured on the examples' trials, a mixed_bfloat16 trial ended within +-5% of
-# float32's validation loss (digits -5%, audio +2%, transformer +2%), while float32 against
-# itself with another seed varied up to 1.45x (transformer) in the same budget. A 25% allowance
-# keeps that drift from rejecting a sound config and still rejects the shapes that matter
-# (a plateau at 2x, an 11x worse validation loss).
-LEVEL_ALLOWANCE = 0.25
-
-
-def _window(steps: int) -> int:
-    """Steps averaged at each end: never a single step (one batch is all noise)."""
-    return max(2, min(5, steps // 6))
-
-
-def loss_decrease(losses: list[float]) -> float | None:
-    """Start-of-training loss minus end-of-training loss, each averaged over a few steps."""
-    window = _window(len(losses))
-    if len(losses) < 2 * window:
-        return None
-    return statistics.fmean(losses[:window]) - statistics.fmean(losses[-window:])
-
-
-def decrease_noise(losses: list[float]) -> float:
-    """Standard error of ``loss_decrease``, from the losses' own step-to-step scatter.
-
-    Second differences ``l[i+1] - 2 l[i] + l[i-1]`` cancel a locally straight trend and have six
-    times the variance of one step's noise; their median absolute deviation keeps the steep
-    bend at the start of training from passing for noise. A window mean of ``w`` steps has
-    ``1/w`` of the variance, and the decrease is a difference of two window means.
-    """
-    window = _window(len(losses))
-    bends = [a - 2.0 * b + c for a, b, c in zip(losses, losses[1:], losses[2:])]
-    if len(bends) < 3:
-        return 0.0
-    centre = statistics.median(bends)
-    mad = statistics.median(abs(v - centre) for v in bends)
-    step_sigma = 1.4826 * mad / math.sqrt(6.0)
-    return step_sigma * math.sqrt(2.0 / window)
 
 
 # A dynamic loss scale has collapsed when non-finite gradients persist at the lowest scale it
@@ -138,11 +100,14 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
         if step is None:
             step = next(i for i, v in enumerate(result.losses) if not math.isfinite(v))
         where = f" (first non-finite output: layer {result.failure_layer})" \
-            if result.failure_layer else " (the forward pass is finite: gradients or updates " \
-                                         "overflowed)"
-        return Judgement(Verdict.UNSTABLE, f"loss non-finite at step {step}{where}", None,
+            if result.failure_layer else " (every layer's output was finite: it arose in the " \
+            "train_step's own ops, its gradients or its updates)" if result.loss_terms else \
+            " (the forward pass is finite: gradients or updates overflowed)"
+        which = next((name for name, values in result.loss_terms.items()
+                      if len(values) > step and not math.isfinite(values[step])), "loss")
+        return Judgement(Verdict.UNSTABLE, f"{which} non-finite at step {step}{where}", None,
                          median)
-    collapse = loss_scale_collapse(result, floor)
+    collapse = any_collapse(result, floor)
     if collapse:
         return Judgement(Verdict.UNSTABLE, collapse, None, median)
     skips = settled_skips(result)
@@ -155,15 +120,50 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
                          f"{max_skipped_fraction:.0%} allowed", None, median)
     if baseline is None or baseline is result:
         return _judge_baseline(result, median)
-    judgement = _compare_learning(result, baseline, min_loss_decrease_ratio, median)
+    if baseline.loss_terms:   # several losses (a GAN's): each judged against float32's
+        shortfall = terms_gap(result.loss_terms, baseline.loss_terms)
+        judgement = Judgement(Verdict.UNSTABLE if shortfall else Verdict.STABLE, shortfall,
+                              None, median, shortfall=bool(shortfall))
+    else:
+        judgement = _compare_learning(result, baseline, min_loss_decrease_ratio, median)
     if not judgement.stable:
         return judgement
     gap = validation_failure(result.validation, baseline.validation) or \
-        validation_gap(result.validation, baseline.validation)
+        validation_gap(result.validation, baseline.validation) or \
+        metric_gap(result.validation, baseline.validation)
     if gap:
         return Judgement(Verdict.UNSTABLE, gap, judgement.loss_decrease_ratio, median,
                          judgement.note, shortfall=True)
     return judgement
+
+
+def any_collapse(result: TrialResult, floor: float) -> str:
+    """Why a loss scale collapsed: of one of several optimizers (named; each keeps its own
+    scale), or of the only one ("" when none did)."""
+    for record in result.optimizers:
+        own = replace(result, loss_scales=record["loss_scales"], skipped=record["skipped"],
+                      skipped_steps=len(record["skipped"]),
+                      initial_loss_scale=record["initial_loss_scale"])
+        collapse = loss_scale_collapse(own, floor)
+        if collapse:
+            return f"{record['name']}: {collapse}"
+    return loss_scale_collapse(result, floor)
+
+
+def metric_gap(mine: dict | None, base: dict | None) -> str:
+    """Why the task's ``val_metric(model)`` (lower is better) came out worse than float32's
+    beyond the level allowance, or failed where float32's ran ("" otherwise). One number per
+    run: no batch noise to weigh it against, only the allowance."""
+    reference = (base or {}).get("val_metric")
+    if reference is None or not math.isfinite(reference):
+        return ""
+    own = (mine or {}).get("val_metric")
+    if own is None:
+        why = (mine or {}).get("val_metric_error") or "no value"
+        return f"val_metric failed where float32's ran: {why}"
+    if not math.isfinite(own):
+        return f"val_metric non-finite (float32's {reference:.3g})"
+    return level_gap("val_metric", own, reference, 0.0, LEVEL_ALLOWANCE)
 
 
 def validation_failure(mine: dict | None, base: dict | None) -> str:
@@ -194,36 +194,14 @@ def validation_gap(mine: dict | None, base: dict | None,
     return level_gap("validation loss", own, reference, noise, allowance)
 
 
-def standard_error(values: list[float]) -> float:
-    """The standard error of the mean of ``values`` (their finite part)."""
-    finite = [v for v in values if math.isfinite(v)]
-    return statistics.stdev(finite) / math.sqrt(len(finite)) if len(finite) >= 2 else 0.0
-
-
-def level_gap(what: str, own: float, reference: float, noise: float,
-               allowance: float) -> str:
-    """``what`` ended above ``reference`` by more than the noise and the relative allowance."""
-    margin = max(noise, allowance * abs(reference))
-    if own - reference <= margin:
-        return ""
-    times = f"{own / reference:.2g}x; " if reference > 0 else ""
-    return (f"{what} {own:.3g} vs float32's {reference:.3g} ({times}noise +-{noise:.2g}, "
-            f"allowance {allowance:.0%})")
-
-
 def _judge_baseline(result: TrialResult, median: float | None) -> Judgement:
+    if result.loss_terms:   # several losses: their sum's decrease means nothing (a GAN's)
+        return Judgement(Verdict.STABLE, "", 1.0, median)
     base, noise = loss_decrease(result.losses), decrease_noise(result.losses)
     if base is None or base <= NOISE_SIGMAS * noise:
-        return Judgement(Verdict.STABLE, "", 1.0, median, _barely_learned(base, noise,
+        return Judgement(Verdict.STABLE, "", 1.0, median, barely_learned(base, noise,
                                                                           len(result.losses)))
     return Judgement(Verdict.STABLE, "", 1.0, median)
-
-
-def _barely_learned(base: float | None, noise: float, steps: int) -> str:
-    amount = "no measurable decrease" if base is None else \
-        f"decrease {base:.3g} within its noise (+-{NOISE_SIGMAS * noise:.2g})"
-    return (f"float32 itself barely learned in {steps} steps ({amount}): trials are judged "
-            "on ending no worse than float32, not on a ratio")
 
 
 def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: float,
@@ -240,7 +218,7 @@ def _compare_learning(result: TrialResult, baseline: TrialResult, tolerance: flo
         window = _window(len(baseline.losses))
         gap = statistics.fmean(result.losses[-window:]) - \
             statistics.fmean(baseline.losses[-window:])
-        note = _barely_learned(base, noise, len(baseline.losses))
+        note = barely_learned(base, noise, len(baseline.losses))
         if gap > margin:
             return Judgement(Verdict.UNSTABLE, f"ended at a loss {gap:.3g} above float32's "
                              f"(beyond its noise of {margin:.2g}); {note}", None, median, note,

@@ -26,10 +26,12 @@ def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str
     layers = sorted(diagnostics["layers"], key=lambda layer: (-layer["risk"], layer["layer"]))
     table = []
     for layer in layers[:limit]:
-        act, grad = layer["activation"], layer["gradient"]
+        # No activation gradients where the train_step's losses are out of reach
+        # (tuner.worker.diagnose_steps): shown as "-".
+        act, grad = layer["activation"], layer["gradient"] or {}
         table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
                       _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),
-                      _num(grad["abs_max"]), _pct(grad["underflow_fraction"]),
+                      _num(grad.get("abs_max")), _pct(grad.get("underflow_fraction")),
                       *_flushed(layer),
                       _pct(act["bf16_rel_error"]), f"{layer['risk']:.2f}"])
     return table

@@ -31,6 +31,14 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
+def result_series(result: TrialResult) -> list[tuple[str, list]]:
+    """The per-step series a multi-loss, multi-optimizer trial adds: each loss the train_step
+    returned (``d_loss``) and each optimizer's loss scale (``loss_scale.g_optimizer``)."""
+    return [*((name, values) for name, values in result.loss_terms.items() if name != "loss"),
+            *((f"loss_scale.{record['name']}", record["loss_scales"])
+              for record in result.optimizers)]
+
+
 def experiment_for(client, name: str, artifact_location: str | None) -> str:
     """The id of experiment ``name``, created when missing. Two service jobs of one task start
     at once: both may find it missing, and the server refuses the second creation (a unique
@@ -208,7 +216,7 @@ class Tracker:
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         now = int(time.time() * 1000)
         series = [("loss", result.losses), ("step_time_ms", result.step_times_ms),
-                  ("loss_scale", result.loss_scales)]
+                  ("loss_scale", result.loss_scales), *result_series(result)]
         per_step = [(key, value, step) for key, values in series
                     for step, value in enumerate(values) if value is not None]
         summary: dict[str, float | None] = {
@@ -227,6 +235,8 @@ class Tracker:
             summary["speedup_vs_float32"] = baseline_ms / judgement.median_step_ms
         if result.losses:
             summary["final_loss"] = result.losses[-1]
+        for record in result.optimizers:   # several optimizers: each one's skipped steps
+            summary[f"skipped_steps.{record['name']}"] = float(len(record["skipped"]))
         summary.update(validation_metrics(result.validation))
         if result.training_memory:
             memory = result.training_memory

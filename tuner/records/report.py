@@ -34,10 +34,15 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
         rows.append([str(row.number), row.config.describe() + marker, row.judgement.verdict.value,
                      _fmt(median, ".2f") + shared, _fmt(row.remeasured_ms, ".2f"), speedup,
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
-                     _fmt((row.result.validation or {}).get("loss"), ".4g"),
+                     _fmt(_validation_figure(row.result.validation or {}), ".4g"),
                      _fmt(memory["total_bytes"] / 1e6 if memory else None, ".3g"),
                      row.judgement.reason or ""])
     return rows
+
+
+def _validation_figure(validation: dict) -> float | None:
+    """The validation loss, or where the model has none, the task's val_metric."""
+    return validation.get("loss", validation.get("val_metric"))
 
 
 HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "loss decr.",
@@ -49,6 +54,12 @@ def validation_line(summary: "TuneSummary") -> str | None:
     validation = summary.baseline.result.validation if summary.baseline else None
     if not validation:
         return None
+    metric = validation.get("val_metric")
+    also = "" if metric is None else \
+        f"; and on the task's val_metric(model) (float32's {metric:.4g}, lower is better)"
+    if "error" in validation and metric is not None:
+        return (f"validation: no loss ({validation['error'].split(' (')[0]}); trials were "
+                f"judged on their training losses{also}")
     if "error" in validation:
         return (f"validation: none ({validation['error']}); trials were judged on their "
                 "training losses only")
@@ -56,7 +67,7 @@ def validation_line(summary: "TuneSummary") -> str | None:
              "a slice held back from the training data, which no trial trains on (the task "
              "defines no val_data())")
     return (f"validation: every trial evaluated on the same {validation['batches']} batches "
-            f"({validation['samples']} samples) from {where}")
+            f"({validation['samples']} samples) from {where}{also}")
 
 
 def confirmation_lines(summary: "TuneSummary") -> list[str]:

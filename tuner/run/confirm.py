@@ -46,8 +46,9 @@ from tuner.run.confirmation import Checkpoint, Confirmation
 from tuner.judging.noise import (PooledNoise, SpeedupEstimate, round_log_ratios,
                                  speedup_from_log_ratios)
 from tuner.trial_types import TrialOutcome, TrialResult
-from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, standard_error,
-                                   validation_failure, validation_gap)
+from tuner.judging.terms import stretch_terms_gap
+from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, metric_gap,
+                                   standard_error, validation_failure, validation_gap)
 
 CHECKPOINTS = 4
 STEPS_MULTIPLE = 10
@@ -141,7 +142,7 @@ class Confirmer:
                 return self._end(outcome, f"at step {target}, the pick's {failure}", started)
             outcome.checkpoints.append(Checkpoint(
                 target, base.validation or {}, mine.validation or {}, base.losses, mine.losses,
-                base.timed_steps_ms, mine.timed_steps_ms))
+                base.timed_steps_ms, mine.timed_steps_ms, base.loss_terms, mine.loss_terms))
         speed = _paired_speed(outcome.checkpoints, self.noise)
         outcome.speed = speed.across_runs(self.run_drift) if speed else None
         problem = (_final_gap(outcome) if quality else "") or \
@@ -198,8 +199,17 @@ def _final_gap(outcome: Confirmation) -> str:
     model cannot be evaluated, on the training losses of the last stretch (same batches, same
     order for both; the noise is float32's step-to-step scatter there)."""
     last = outcome.checkpoints[-1]
+    metric = metric_gap(last.pick, last.float32)
+    if metric:
+        return f"at step {last.step}, {metric}"
     if "loss" in last.float32 and "loss" in last.pick:
         gap = validation_gap(last.pick, last.float32)
+        return f"at step {last.step}, {gap}" if gap else ""
+    if last.float32_terms:
+        outcome.fallback = (f"the model cannot be evaluated ({last.float32.get('error', '?')}):"
+                            " each of its losses compared over the last stretch")
+        gap = stretch_terms_gap(outcome.checkpoints[0].float32_terms, last.float32_terms,
+                                last.pick_terms)
         return f"at step {last.step}, {gap}" if gap else ""
     if not last.float32_losses or not last.pick_losses:
         return f"at step {last.step}, neither validation nor training losses to compare"

@@ -23,10 +23,14 @@ class Checkpoint:
     # The stretch's timed steps (ms), warm-up excluded: the speed check's paired round.
     float32_steps_ms: list[float] = field(default_factory=list)
     pick_steps_ms: list[float] = field(default_factory=list)
+    # Each loss of a model that returns several (a GAN's), over the same stretch.
+    float32_terms: dict[str, list[float]] = field(default_factory=dict)
+    pick_terms: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         def brief(validation: dict[str, Any]) -> dict[str, Any]:
-            return {key: validation.get(key) for key in ("loss", "metrics", "error")
+            return {key: validation.get(key) for key in ("loss", "metrics", "error",
+                                                          "val_metric")
                     if validation.get(key) is not None}
 
         return {"step": self.step, "float32": brief(self.float32), "pick": brief(self.pick)}
@@ -89,13 +93,20 @@ class Confirmation:
         if not self.quality:
             return (f"speed check of #{self.trial} ({self.config}), not validated "
                     f"(--no-confirm): {self.speed_text()}")
-        if self.fallback:
+        if self.fallback and last.float32_terms:
+            figures = ", ".join(f"{name} {_mean(last.pick_terms.get(name, []))} vs float32's "
+                                f"{_mean(values)}" for name, values in last.float32_terms.items())
+            figures = f"{figures} over the steps to {last.step} ({self.fallback})"
+        elif self.fallback:
             figures = (f"training loss {_mean(last.pick_losses)} vs float32's "
                        f"{_mean(last.float32_losses)} over the steps to {last.step} "
                        f"({self.fallback})")
         else:
             figures = (f"validation loss {_loss(last.pick)} vs float32's {_loss(last.float32)} "
                        f"at step {last.step}")
+        if last.float32.get("val_metric") is not None:
+            figures += (f"; val_metric {_figure(last.pick.get('val_metric'))} vs float32's "
+                        f"{_figure(last.float32['val_metric'])}")
         return (f"confirmed #{self.trial} ({self.config}) over {self.steps} more steps "
                 f"({self.why_steps}): {figures} (noise +-{self.noise or 0:.2g}, allowance "
                 f"{self.allowance:.0%}); speed {self.speed_text()}")
@@ -106,5 +117,8 @@ def _mean(losses: list[float]) -> str:
 
 
 def _loss(validation: dict[str, Any]) -> str:
-    loss = validation.get("loss")
-    return "-" if loss is None else f"{loss:.4g}"
+    return _figure(validation.get("loss"))
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

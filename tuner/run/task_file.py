@@ -1,8 +1,10 @@
 """Static checks of a task file, without importing it (so no TensorFlow in the driver).
 
 The task-file contract (docs/how-to/task-files.md): ``build_model()``, ``train_data()`` and
-``LOSS`` are required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS`` and ``val_data()`` are
-optional.
+``LOSS`` are required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS``, ``val_data()`` and
+``val_metric(model)`` are optional. A task that compiles its model itself
+(``compile_model(model, wrap_optimizer)``: a GAN, any model with its own ``compile``) needs no
+``LOSS``.
 The worker checks what only running the code can show (what ``train_data()`` returns).
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from tuner.errors import TaskError
 
 REQUIRED = ("build_model", "train_data", "LOSS")
-OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data")
+OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data", "val_metric", "compile_model")
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -53,9 +55,10 @@ def check_task_file(path: str | Path) -> Path:
     names = _top_level_names(tree)
     has_star_import = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
                           for n in tree.body)
-    missing = [name for name in REQUIRED if name not in names]
+    missing = [name for name in REQUIRED if name not in names
+               and not (name == "LOSS" and "compile_model" in names)]
     if missing and not has_star_import:
         raise TaskError(f"task file {path} does not define {', '.join(missing)}. A task file must "
-                        "define build_model(), train_data() and LOSS (see "
-                        "docs/how-to/task-files.md).")
+                        "define build_model(), train_data() and LOSS, or compile_model(model, "
+                        "wrap_optimizer) instead of LOSS (see docs/how-to/task-files.md).")
     return path.resolve()

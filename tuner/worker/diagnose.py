@@ -27,6 +27,7 @@ import numpy as np
 from tuner.errors import first_line
 from tuner.judging.underflow import flushed_fraction
 from tuner.worker.layer_watch import LayerWatch, forward_findings
+from tuner.worker.task_model import has_forward_pass
 from tuner.worker.trial import reset_keras_state
 
 FLOAT16_MAX = 65504.0
@@ -141,6 +142,10 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
     are still taken, on forward passes. The diagnostics inform the search; the trials still
     judge every config."""
     try:
+        if task.compile_model is not None:
+            from tuner.worker.diagnose_steps import diagnose_by_steps
+
+            return diagnose_by_steps(task, model, batches, steps)
         return diagnose_model(task, model, batches, steps)
     except Exception as exc:  # noqa: BLE001 - a courtesy to the search, never its end
         error = f"{type(exc).__name__}: {first_line(exc, 200)}"
@@ -148,7 +153,7 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
                f"cannot be traced outside it ({error})"
                if task.loss is None and "loss" in str(exc).lower() else error)
     try:
-        findings = forward_findings(model, batches, steps)
+        findings = forward_findings(model, batches, steps) if has_forward_pass(model) else {}
     except Exception as exc:  # noqa: BLE001 - as above
         findings = {}
         why += f"; the input checks failed too ({type(exc).__name__}: {first_line(exc, 200)})"
@@ -166,7 +171,8 @@ def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured:
         if name not in order:
             order.append(name)
         record["activation"] = _merge(record["activation"], tensor_stats(tensor))
-        record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
+        if gradient is not None:   # None: not traceable (tuner.worker.diagnose_steps)
+            record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
     owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
     for weight, gradient in zip(weights, weight_grads):
         name = owners.get(id(weight))

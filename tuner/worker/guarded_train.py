@@ -15,6 +15,7 @@ import sys
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.worker.task_loader import load_task
+from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
 
 EPOCH, DONE = "PT-EPOCH ", "PT-DONE "
@@ -22,16 +23,18 @@ EPOCH, DONE = "PT-EPOCH ", "PT-DONE "
 
 def _fit_data(task) -> dict:
     data = task.train_data()
+    if hasattr(data, "shape"):  # x alone, as model.fit(x) takes it (no labels)
+        data = (data,)
     if not isinstance(data, tuple):  # a tf.data.Dataset, batched by the task
         if task.val_data is None:
             raise TaskError("a task whose train_data() is a dataset needs val_data() for a "
                             "whole training's validation. Define val_data() in the task file.")
         return {"x": data, "validation_data": task.val_data()}
-    x, y = data[0], data[1]
+    x, y = data[0], data[1] if len(data) > 1 else None
     fit = {"x": x, "y": y, "batch_size": task.batch_size, "shuffle": False}
     if task.val_data is not None:
         fit["validation_data"] = task.val_data()
-    else:
+    elif y is not None:
         keep = int(len(y) * 0.8)
         fit.update(x=x[:keep], y=y[:keep], validation_data=(x[keep:], y[keep:]))
     return fit
@@ -53,8 +56,7 @@ def train(task_path: str, which: str, epochs: int, seed: int = 0) -> dict:
     guard = config.guard() if which != "float32" else None
     with config.scope():
         model = task.build_model()
-        model.compile(optimizer=config.wrap_optimizer(task.optimizer()), loss=task.loss,
-                      metrics=task.metrics, **config.compile_kwargs())
+        compile_for_trial(model, task, config)
         history = model.fit(epochs=epochs, verbose=0,
                             callbacks=[Report()] + ([guard] if guard else []), **fit)
     return {"history": {key: [float(v) for v in values]

@@ -94,9 +94,10 @@ def integer_check(expected: Sequence[dict[str, Any]]) -> Callable:
     return check
 
 
-def first_rounding(model, x, checks: dict[Any, Callable]) -> tuple[Any, str, str] | None:
-    """Run the forward pass once, eagerly, asking every check about every float input of every
-    layer call (``check(layer, path, index, arrives, computes)`` returns ``(layer, reason)``
+def first_rounding(run: Callable[[], Any],
+                   checks: dict[Any, Callable]) -> tuple[Any, str, str] | None:
+    """Run the forward pass once, eagerly (``run()``), asking every check about every float
+    input of every layer call (``check(layer, path, index, arrives, computes)`` returns ``(layer, reason)``
     or None): ``(tag, layer, reason)`` from the first that answers, else None."""
     from tuner.apply.layers import call_path, hook_layer_calls
 
@@ -114,7 +115,7 @@ def first_rounding(model, x, checks: dict[Any, Callable]) -> tuple[Any, str, str
 
     try:
         with hook_layer_calls(before=ask):
-            model(x, training=False)
+            run()
     except _Rounded:  # Keras may re-raise it with its own message: `found` holds ours
         pass
     return found[0] if found else None

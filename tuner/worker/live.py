@@ -49,7 +49,7 @@ def _continue(live: LiveModel, spec: TrialSpec) -> TrialResult:
                          warmup_steps=spec.warmup_steps, node=socket.gethostname())
     steps = spec.steps if spec.train_to is None else max(0, spec.train_to - live.trained)
     try:
-        recorder = step_recorder(live.optimizer, spec, result, traces=False)
+        recorder = step_recorder(live.optimizers, spec, result, traces=False)
         fit_steps(live.model, live.batches, steps, [recorder])
         live.trained += len(result.losses)
         if spec.validate and result.outcome is TrialOutcome.COMPLETED:

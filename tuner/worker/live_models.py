@@ -18,7 +18,7 @@ from tuner.trial_types import TrialSpec
 @dataclass
 class LiveModel:
     model: Any
-    optimizer: Any
+    optimizers: list          # (name, optimizer) pairs: tuner.worker.task_model
     batches: list
     task: Any = None
     trained: int = 0          # steps this model has trained in all
@@ -30,8 +30,8 @@ def key_of(spec: TrialSpec) -> str:
     return json.dumps([spec.task_path, spec.config, spec.seed], sort_keys=True)
 
 
-def keep(spec: TrialSpec, model, optimizer, batches, task=None, trained: int = 0) -> None:
-    LIVE[key_of(spec)] = LiveModel(model, optimizer, batches, task, trained)
+def keep(spec: TrialSpec, model, optimizers, batches, task=None, trained: int = 0) -> None:
+    LIVE[key_of(spec)] = LiveModel(model, optimizers, batches, task, trained)
 
 
 def keep_only(spec_dicts: list[dict]) -> int:

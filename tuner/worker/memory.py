@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import threading
 
+from tuner.worker.task_model import one_pass
+
 
 class MemoryMeter:
     """Peak memory of the trial: the GPU allocator's peak, else host RSS growth (sampled)."""
@@ -70,17 +72,20 @@ _ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32":
                "int8": 1, "uint8": 1, "bool": 1}
 
 
-def training_memory(model, optimizer, x) -> dict:
+def training_memory(model, optimizers: list, batch: tuple) -> dict:
     """``{"weights": {dtype: bytes}, "gradients": {...}, "optimizer": {...}, "activations":
-    {...}, "total_bytes": n}`` for ``model`` trained by ``optimizer`` on a batch like ``x``."""
+    {...}, "total_bytes": n}`` for ``model`` trained by ``optimizers`` on a batch like
+    ``batch`` (the activations of its forward pass; of a watched training step, for a model
+    without one: tuner.worker.task_model.one_pass)."""
     import keras
 
     from tuner.apply.layers import hook_layer_calls
 
     state = {}
-    for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        for variable in getattr(owner, "variables", []) if owner is not None else []:
-            state[id(variable)] = variable
+    for optimizer in optimizers:
+        for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+            for variable in getattr(owner, "variables", []) if owner is not None else []:
+                state[id(variable)] = variable
     outputs = []
 
     def keep(layer, output) -> None:
@@ -89,7 +94,7 @@ def training_memory(model, optimizer, x) -> dict:
                            if getattr(getattr(t, "dtype", None), "is_floating", False))
 
     with hook_layer_calls(after=keep):
-        model(x, training=True)
+        one_pass(model, batch, training=True, restore=True)
     memory = {"weights": _by_dtype(model.weights),
               "gradients": _by_dtype(model.trainable_weights),
               "optimizer": _by_dtype(state.values()),

@@ -14,12 +14,25 @@ from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.trial import batch_size_of, reset_keras_state
 from tuner.worker.ceiling import largest_kernel, measure_ceiling
+from tuner.worker.task_model import compile_by_task, has_forward_pass, watch_step
 
 
-def optimizer_facts(optimizer) -> dict:
-    """What the search space must fit to in the task's optimizer: its class, and whether it has
-    an ``epsilon`` a config could set (SGD, Lion and Adafactor do not)."""
-    return {"class": type(optimizer).__name__, "epsilon": hasattr(optimizer, "epsilon")}
+def optimizer_facts(*optimizers) -> dict:
+    """What the search space must fit to in the task's optimizers: their classes, and whether
+    each has an ``epsilon`` a config could set (SGD, Lion and Adafactor do not)."""
+    return {"class": ", ".join(type(o).__name__ for o in optimizers),
+            "epsilon": all(hasattr(o, "epsilon") for o in optimizers)}
+
+
+def _optimizers_of(task, model) -> list:
+    """The task's optimizers: ``make_optimizer()``'s, or those its ``compile_model`` made (the
+    probe's model is compiled by then: ``_probe_build``)."""
+    if task.compile_model is None:
+        return [task.optimizer()]
+
+    found: list = []
+    compile_by_task(task.build_model(), task, lambda o: found.append(o) or o)
+    return found
 
 
 def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
@@ -55,7 +68,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
             "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
             "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
-            "optimizer": optimizer_facts(task.optimizer())}
+            "optimizer": optimizer_facts(*_optimizers_of(task, model))}
     largest = largest_kernel(model, info["batch_size"]) if ceiling else None
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
@@ -86,13 +99,13 @@ def _probe_build(task, first_batch):
                         f"Received: {describe(model)}. Return the model itself, uncompiled.")
     if task.from_dataset:
         _refuse_unbatched(task, model, first_batch)
-    if not model.built:  # a subclassed model creates its layers' weights on its first call
+    if task.compile_model is not None or not has_forward_pass(model):
+        _probe_step(task, model, first_batch)
+    elif not model.built:  # a subclassed model creates its layers' weights on its first call
         x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
         try:
             model(x)
         except Exception as exc:
-            if type(model).call is keras.Model.call:
-                raise TaskError(_no_call(task, model)) from exc
             raise TaskError(f"calling the model from build_model() in {task.path.name} on the "
                             f"first batch of train_data() raised {type(exc).__name__}: "
                             f"{first_line(exc)}. Make the model accept train_data()'s x.") \
@@ -100,17 +113,26 @@ def _probe_build(task, first_batch):
     return model
 
 
-def _no_call(task, model) -> str:
-    """A subclassed model without ``call()`` (the Keras guide's GAN, which ``fit`` trains through
-    its own ``train_step`` alone): every trial builds, checks, times and validates a model by
-    its forward pass, and the tuner compiles it with one optimizer, so it is refused in one
-    line that says so, not with Keras's NotImplementedError."""
+def _probe_step(task, model, first_batch) -> None:
+    """A model the task compiles itself, or one without ``call()``: compiled (float32) and
+    trained one step, watched (tuner.worker.task_model), on the first batch; what fails says
+    so in one line. Without ``compile_model`` a model without ``call()`` is refused: its
+    ``compile()`` is its own (the Keras guide's GAN takes ``d_optimizer, g_optimizer``)."""
+
     name = type(model).__name__
-    return (f"{name} from build_model() in {task.path.name} defines no call(): the tuner builds, "
-            "checks and validates a model through its forward pass and compiles it with one "
-            f"optimizer, so a model trained only by its own train_step is not supported. Give "
-            f"{name} a call() that runs its forward pass, and a compile() that takes "
-            "optimizer= and loss= as keras.Model's does")
+    if task.compile_model is None:
+        raise TaskError(f"{name} from build_model() in {task.path.name} defines no call(), so "
+                        "it trains through its own train_step and compile(). Define "
+                        "compile_model(model, wrap_optimizer) in the task file: compile the "
+                        "model there, each optimizer wrapped, e.g. model.compile(d_optimizer="
+                        "wrap_optimizer(keras.optimizers.Adam(1e-4)), ...)")
+    compile_by_task(model, task, lambda optimizer: optimizer)
+    try:
+        watch_step(model, first_batch)
+    except Exception as exc:
+        raise TaskError(f"{name}.train_step on the first batch of train_data() in "
+                        f"{task.path.name} raised {type(exc).__name__}: {first_line(exc)}. "
+                        "Make it train on train_data()'s batches.") from exc
 
 
 def _refuse_unbatched(task, model, first_batch) -> None:

@@ -73,17 +73,23 @@ def batch_dataset(batches, steps: int):
     return tf.data.Dataset.from_tensor_slices(kept[1]).repeat().take(steps).with_options(options)
 
 
-def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool = True):
+def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool = True):
     """A callback that times each of ``fit``'s steps and records what the step did.
-    ``traces``: the first step traces the training step (a model that trained before has it).
+    ``optimizers``: the model's, named (tuner.worker.task_model); ``traces``: the first step
+    traces the training step (a model that trained before has it).
 
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
     function and its conversion of the step's logs to Python numbers, which waits for the step
     to finish (so the time is the step's, not the time to queue it). Everything recorded here
-    (loss scale, optimizer iterations) is read outside that window. The model's metrics are
+    (loss scales, optimizer iterations) is read outside that window. The model's metrics are
     reset before each step, as ``fit`` does at an epoch's start, so the logged loss is that
     step's loss and not a running mean. A sized run (``spec.sizing``) stops once
     ``tuner.judging.sizing.enough`` says so.
+
+    Every loss the ``train_step`` returns is recorded (``step_losses``); with more than one
+    optimizer, each one's loss scale and skipped steps too (``result.optimizers``), while
+    ``result.loss_scales`` keeps the lowest scale of each step and ``result.skipped`` the steps
+    any of them skipped: what the verdict's collapse and skip rules read.
     """
     import keras
 
@@ -91,45 +97,91 @@ def step_recorder(optimizer, spec: TrialSpec, result: TrialResult, traces: bool 
 
     sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
     scaled = keras.optimizers.LossScaleOptimizer
+    watched = [(name, optimizer) for name, optimizer in optimizers]
+    apart = len(watched) > 1
 
     class StepRecorder(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             if result.initial_loss_scale is None:
-                result.initial_loss_scale = current_loss_scale(optimizer)
+                result.initial_loss_scale = _lowest(current_loss_scale(o) for _, o in watched)
                 result.loss_scale_kind = spec.config.get("loss_scale", {}).get("kind", "none")
-            # Only a LossScaleOptimizer (ours, or the one compile wraps around a mixed_float16
-            # model's) skips updates; reading the step counter costs a sync per read.
-            self.may_skip = isinstance(optimizer, scaled) or \
-                isinstance(getattr(self.model, "optimizer", None), scaled)
+            if apart and not result.optimizers:
+                result.optimizers = [{"name": name, "initial_loss_scale":
+                                      current_loss_scale(optimizer), "loss_scales": [],
+                                      "skipped": []} for name, optimizer in watched]
+            # Only a LossScaleOptimizer skips updates; reading the step counter costs a sync.
+            self.may_skip = [isinstance(optimizer, scaled) for _, optimizer in watched]
 
         def on_train_batch_begin(self, batch, logs=None):
             self.model.reset_metrics()
-            if self.may_skip:
-                self.iterations = int(optimizer.iterations.numpy())
+            self.iterations = [int(optimizer.iterations.numpy()) if skips else None
+                               for (_, optimizer), skips in zip(watched, self.may_skip)]
             self.started = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
             elapsed_ms = (time.perf_counter() - self.started) * 1000.0
             step = len(result.losses)
-            logs = logs or {}
-            if "loss" not in logs:
-                raise TaskError("the model's train_step must return a dict with a 'loss' entry. "
-                                f"Received keys: {sorted(logs)}. Return {{'loss': loss, ...}}.")
-            loss = float(logs["loss"])
-            result.losses.append(loss)
+            loss = step_losses(logs or {}, result)
             result.step_times_ms.append(elapsed_ms)
             if step == 0 and traces:  # Keras traces (and may compile) it on its first call
                 result.trace_s = elapsed_ms / 1000.0
             else:
                 result.train_s += elapsed_ms / 1000.0
-            result.loss_scales.append(current_loss_scale(optimizer))
-            if self.may_skip and int(optimizer.iterations.numpy()) == self.iterations:
-                result.skipped_steps += 1  # the LossScaleOptimizer skipped the update
-                result.skipped.append(step)
+            _record_scales(result, watched, self.iterations, step)
             if _should_stop(result, spec, sizing, step, loss, elapsed_ms):
                 self.model.stop_training = True
 
     return StepRecorder()
+
+
+def _record_scales(result: TrialResult, watched: list, iterations: list, step: int) -> None:
+    """Each optimizer's loss scale after ``step``, and whether it skipped the step (its
+    ``iterations`` did not move from ``iterations``: None where it cannot skip)."""
+    from tuner.apply.loss_scaling import current_loss_scale
+
+    scales = [current_loss_scale(optimizer) for _, optimizer in watched]
+    skipped = [before is not None and int(optimizer.iterations.numpy()) == before
+               for (_, optimizer), before in zip(watched, iterations)]
+    result.loss_scales.append(_lowest(scales))
+    if any(skipped):   # a LossScaleOptimizer skipped its update
+        result.skipped_steps += 1
+        result.skipped.append(step)
+    for record, scale, skip in zip(result.optimizers, scales, skipped):
+        record["loss_scales"].append(scale)
+        if skip:
+            record["skipped"].append(step)
+
+
+def _lowest(scales) -> float | None:
+    known = [scale for scale in scales if scale is not None]
+    return min(known) if known else None
+
+
+def loss_names(logs: dict) -> list[str]:
+    """The losses a ``train_step``'s logs hold: ``loss``, and every entry named ``*loss``
+    (``d_loss``, ``g_loss``, ``kl_loss``)."""
+    return [name for name in logs if name == "loss" or name.endswith("loss")]
+
+
+def step_losses(logs: dict, result: TrialResult) -> float:
+    """Record a step's losses in ``result``; the step's loss for the rules that read one.
+
+    That loss is ``logs["loss"]`` where the ``train_step`` returns one, else the sum of its
+    losses (finite only when each is: a GAN's ``d_loss`` and ``g_loss``). Where it returns more
+    than ``loss`` alone, each is kept in ``result.loss_terms`` and judged on its own against
+    float32's (tuner.judging.terms)."""
+    names = loss_names(logs)
+    if not names:
+        raise TaskError("the model's train_step must return a dict with a 'loss' entry, or "
+                        f"entries named '*loss' (d_loss, g_loss). Received keys: {sorted(logs)}. "
+                        "Return {'loss': loss, ...}.")
+    values = {name: float(logs[name]) for name in names}
+    loss = values["loss"] if "loss" in values else sum(values.values())
+    result.losses.append(loss)
+    if names != ["loss"]:
+        for name, value in values.items():
+            result.loss_terms.setdefault(name, []).append(value)
+    return loss
 
 
 def _should_stop(result: TrialResult, spec: TrialSpec, sizing: Sizing | None, step: int,

@@ -33,6 +33,10 @@ class Task:
     batch_size: int
     metrics: Any
     val_data: Callable | None = None
+    # compile_model(model, wrap_optimizer): the task compiles its model itself (a GAN, any
+    # model with its own compile), passing every optimizer it makes through wrap_optimizer.
+    compile_model: Callable | None = None
+    val_metric: Callable | None = None   # val_metric(model) -> float, lower is better
     from_dataset: bool = False   # train_data() returned a tf.data.Dataset (batched by the user)
 
     def optimizer(self):
@@ -63,12 +67,14 @@ def load_task(path: str) -> Task:
                         f"{first_line(exc)}. Fix the task file.") from exc
     finally:
         sys.path.remove(str(resolved.parent))
-    for name in ("build_model", "train_data", "LOSS"):
+    compiles_itself = hasattr(module, "compile_model")
+    for name in ("build_model", "train_data") + (() if compiles_itself else ("LOSS",)):
         if not hasattr(module, name):
             raise TaskError(f"task file {resolved.name} does not define {name}. A task file must "
-                            "define build_model(), train_data() and LOSS.")
-    for name in ("build_model", "train_data"):
-        if not callable(getattr(module, name)):
+                            "define build_model(), train_data() and LOSS, or compile_model(model, "
+                            "wrap_optimizer) instead of LOSS.")
+    for name in ("build_model", "train_data", "compile_model", "val_metric", "val_data"):
+        if hasattr(module, name) and not callable(getattr(module, name)):
             raise TaskError(f"{name} in {resolved.name} must be a function. Received: "
                             f"{name}={describe(getattr(module, name))}")
     batch_size = getattr(module, "BATCH_SIZE", 32)
@@ -76,10 +82,12 @@ def load_task(path: str) -> Task:
         raise TaskError(f"BATCH_SIZE in {resolved.name} must be a positive integer. Received: "
                         f"BATCH_SIZE={describe(batch_size)}. Set it to a whole number such as 32.")
     task = Task(path=resolved, module=module, build_model=module.build_model,
-                train_data=module.train_data, loss=module.LOSS,
+                train_data=module.train_data, loss=getattr(module, "LOSS", None),
                 make_optimizer=getattr(module, "make_optimizer", None),
                 batch_size=batch_size, metrics=getattr(module, "METRICS", None),
-                val_data=getattr(module, "val_data", None))
+                val_data=getattr(module, "val_data", None),
+                compile_model=getattr(module, "compile_model", None),
+                val_metric=getattr(module, "val_metric", None))
     _loaded[key] = task
     return task
 

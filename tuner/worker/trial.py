@@ -18,6 +18,7 @@ from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.failures import classify
 from tuner.worker.live_models import keep
 from tuner.worker.steps import fit_steps, step_recorder
+from tuner.worker.task_model import compile_for_trial, has_forward_pass, one_pass
 from tuner.worker.validation import validate
 
 
@@ -44,7 +45,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
                          warmup_steps=spec.warmup_steps, node=socket.gethostname())
     stage = "task"
     memory = MemoryMeter()
-    model = optimizer = None
+    model = optimizers = None
     try:
         from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
 
@@ -56,25 +57,25 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         with config.scope():
             model = task.build_model()
             stage = "check"
-            rounding = _input_rounding(model, batches[0], spec)
+            rounding = _input_rounding(task, model, batches[0], spec)
             if rounding is not None:
                 failure_class, layer, reason = rounding
                 result = TrialResult.failed(spec.number, failure_class, reason, layer,
                                             warmup_steps=spec.warmup_steps, node=result.node)
                 return result
             stage = "compile"
-            optimizer = _compile(model, task, config)
+            optimizers = compile_for_trial(model, task, config)
             result.batch_size = batch_size_of(batches[0][0])
             stage = "train"
             result.setup_s = time.perf_counter() - started
-            _train(model, optimizer, batches, spec, result)
+            _train(model, optimizers, batches, spec, result)
             if spec.validate and result.outcome is TrialOutcome.COMPLETED:
                 result.validation = validate(task, model, spec.batch_pool or spec.steps)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
-        result.training_memory, result.memory_error = _training_memory(model, optimizer,
+        result.training_memory, result.memory_error = _training_memory(model, optimizers,
                                                                        batches[0], config)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
-            keep(spec, model, optimizer, batches, task, trained=len(result.losses))
+            keep(spec, model, optimizers, batches, task, trained=len(result.losses))
         if result.first_non_finite_step is not None:
             result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
                                                       result.first_non_finite_step)
@@ -85,41 +86,42 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         paths, loss_layers = _failure_context(model)
         failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train",
                                                  layer_paths=paths, loss_layers=loss_layers)
-        partial = result
         result = TrialResult.failed(spec.number, failure_class, message, layer,
-                                    warmup_steps=spec.warmup_steps, node=partial.node,
-                                    losses=partial.losses, step_times_ms=partial.step_times_ms,
-                                    loss_scales=partial.loss_scales, setup_s=partial.setup_s,
-                                    trace_s=partial.trace_s, train_s=partial.train_s)
+                                    warmup_steps=spec.warmup_steps, **_what_it_measured(result))
     finally:
         peak, source = memory.stop()
         result.peak_memory_bytes, result.memory_source = peak, source
         result.wall_s = time.perf_counter() - started
-        model = optimizer = None  # noqa: F841 - release before the next trial
+        model = optimizers = None  # noqa: F841 - release before the next trial
         gc.collect()
     return result
 
 
-def _training_memory(model, optimizer, first_batch,
+def _what_it_measured(partial: TrialResult) -> dict:
+    """What a trial that failed while training had measured until then."""
+    kept = ("node", "losses", "step_times_ms", "loss_scales", "loss_terms", "optimizers",
+            "setup_s", "trace_s", "train_s")
+    return {name: getattr(partial, name) for name in kept}
+
+
+def _training_memory(model, optimizers, first_batch,
                      config: PrecisionConfig) -> tuple[dict | None, str]:
     """Exact training-state and activation bytes (tuner.worker.memory), and "" ; or None and
     why the count failed (the model cannot be run eagerly once more, say). A failed count fails
     no trial, but the memory objective cannot rank the config: it says so (by_objective)."""
-    import keras
-
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
     try:
         with config.scope():
-            return training_memory(model, optimizer, x), ""
+            return training_memory(model, [o for _, o in optimizers], first_batch), ""
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {first_line(exc, 200)}"
 
 
-def _input_rounding(model, first_batch,
+def _input_rounding(task, model, first_batch,
                     spec: TrialSpec) -> tuple[FailureClass, str, str] | None:
     """(failure class, layer, reason) when this config rounds the integer-valued floats a layer
     takes, or erases a continuous feature it takes (both found by the diagnostics), in one
-    forward pass."""
+    forward pass; for a model without one, in a training step of a second copy of it (the
+    trial's own model must not train a step more than the others)."""
     from tuner.worker.continuous_inputs import continuous_check
     from tuner.worker.integer_inputs import first_rounding, integer_check
 
@@ -130,10 +132,10 @@ def _input_rounding(model, first_batch,
         checks[FailureClass.INPUT_ROUNDING] = continuous_check(spec.continuous_inputs)
     if not checks:
         return None
-    import keras
-
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
-    return first_rounding(model, x, checks)
+    if not has_forward_pass(model):
+        model = task.build_model()
+        compile_for_trial(model, task, PrecisionConfig.from_dict(spec.config))
+    return first_rounding(lambda: one_pass(model, first_batch, training=False), checks)
 
 
 def _failure_context(model) -> tuple[list[str], list[str]]:
@@ -160,17 +162,9 @@ def batch_size_of(x) -> int | None:
     return int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else None
 
 
-def _compile(model, task, config: PrecisionConfig):
-    """Compile as the user's training script would with this config; returns the optimizer."""
-    optimizer = config.wrap_optimizer(task.optimizer())
-    model.compile(optimizer=optimizer, loss=task.loss, metrics=task.metrics,
-                  **config.compile_kwargs())
-    return optimizer
-
-
-def _train(model, optimizer, batches, spec: TrialSpec, result: TrialResult) -> None:
+def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult) -> None:
     steps = spec.steps if spec.sizing is None else spec.sizing["max_steps"]
-    fit_steps(model, batches, steps, [step_recorder(optimizer, spec, result)])
+    fit_steps(model, batches, steps, [step_recorder(optimizers, spec, result)])
 
 
 _MAX_REPLAY_STEPS = 50
@@ -183,21 +177,19 @@ def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: 
     replayed (same seed, same batches, the same ``fit`` steps: deterministic) up to just before
     that step, and the forward pass of that step is run with every layer's output checked.
     """
-    import keras
-
     if step > _MAX_REPLAY_STEPS:
         return None
     reset_keras_state(seed)
     with config.scope():
         model = task.build_model()
-        _compile(model, task, config)
+        compile_for_trial(model, task, config)
         fit_steps(model, batches, step)
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[step % len(batches)])
-        return first_non_finite_layer(model, x)
+        return first_non_finite_layer(model, batches[step % len(batches)])
 
 
-def first_non_finite_layer(model, x) -> str | None:
-    """Run the forward pass eagerly and name the first layer whose output is not finite."""
+def first_non_finite_layer(model, batch) -> str | None:
+    """Run the forward pass on ``batch`` eagerly (a training step, for a model without one:
+    tuner.worker.task_model.one_pass) and name the first layer whose output is not finite."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -217,7 +209,7 @@ def first_non_finite_layer(model, x) -> str | None:
 
     with hook_layer_calls(after=check):
         try:
-            model(x, training=True)
+            one_pass(model, batch, training=True)
         except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
             pass
     return found[0] if found else None

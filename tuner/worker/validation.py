@@ -8,7 +8,8 @@ logs are that batch's values, not a running mean. Per-batch values give the vali
 trials see the same batches, so the verdict compares them batch by batch (tuner.judging.verdict).
 
 Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
-"seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated. Where float32's
+"seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated; with the task's
+``val_metric(model)``, its value too (``"val_metric"``, or ``"val_metric_error"``). Where float32's
 validation ran, a trial whose validation fails has failed that check
 (``tuner.judging.verdict.validation_failure``); where float32's fails too, no config can be
 compared on validation, the trials are judged on their training losses, and the summary says
@@ -24,6 +25,7 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.steps import batch_dataset
+from tuner.worker.task_model import has_forward_pass
 
 
 def validate(task, model, pool: int) -> dict[str, Any]:
@@ -32,7 +34,32 @@ def validate(task, model, pool: int) -> dict[str, Any]:
     from tuner.worker.task_loader import validation_batches  # numpy at import
 
     batches, source = validation_batches(task, pool)
-    return evaluate(model, batches, source)
+    result = evaluate(model, batches, source) if evaluable(model) else {
+        "error": f"{type(model).__name__} has no call() and no test_step(), so it cannot be "
+                 "evaluated (define val_metric(model) in the task file to judge it on "
+                 "validation)", "source": source}
+    if task.val_metric is not None:
+        result.update(val_metric(task, model))
+    return result
+
+
+def evaluable(model) -> bool:
+    """``model.evaluate`` can run: the model has a forward pass or a ``test_step`` of its own."""
+    import keras
+
+
+    return has_forward_pass(model) or type(model).test_step is not keras.Model.test_step
+
+
+def val_metric(task, model) -> dict[str, Any]:
+    """The task's ``val_metric(model)``: a number, lower is better (a GAN's sample-quality
+    proxy), judged against float32's (tuner.judging.verdict.metric_gap); or why it failed."""
+    try:
+        value = float(task.val_metric(model))
+    except Exception as exc:  # noqa: BLE001 - a failed check is judged, not raised
+        return {"val_metric_error": f"val_metric(model) raised {type(exc).__name__}: "
+                                    f"{first_line(exc, 200)}"}
+    return {"val_metric": value}
 
 
 def evaluate(model, batches: list, source: str) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""Two optimizers on two parts of one network (discriminative learning rates): a slow SGD for
+the body, Adam for the head, one loss, in a train_step written the way the Keras guide writes a
+custom one, each optimizer scaling the loss for its own gradients.
+
+The features are raw, unnormalised readings around 1000, and the loss is summed over the batch
+(``reduction="sum"``), so the body's first-layer kernel gradient (x times the upstream gradient,
+summed over 256 samples) is about 1e5: beyond float16's largest value even at a loss scale of 1.
+Under float16 compute the body's loss scale collapses, while the head's (its inputs are small
+activations) works: the classic one-optimizer-fails case. float32 trains both.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+BATCH_SIZE = 256
+
+
+class TwoSpeedClassifier(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.body = keras.Sequential([
+            keras.layers.Dense(32, activation="relu",
+                               kernel_initializer=keras.initializers.RandomNormal(stddev=1e-3)),
+            keras.layers.Dense(32, activation="relu"),
+        ], name="body")
+        self.head = keras.layers.Dense(3, activation="softmax", name="head")
+
+    def call(self, x, training=False):
+        return self.head(self.body(x, training=training))
+
+    def compile(self, body_optimizer, head_optimizer, **kwargs):
+        super().compile(**kwargs)
+        self.body_optimizer = body_optimizer
+        self.head_optimizer = head_optimizer
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            predictions = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=predictions)
+            body_scaled = self.body_optimizer.scale_loss(loss)
+            head_scaled = self.head_optimizer.scale_loss(loss)
+        body, head = self.body.trainable_weights, self.head.trainable_weights
+        self.body_optimizer.apply_gradients(zip(tape.gradient(body_scaled, body), body))
+        self.head_optimizer.apply_gradients(zip(tape.gradient(head_scaled, head), head))
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, predictions)
+        return {metric.name: metric.result() for metric in self.metrics}
+
+
+def build_model():
+    return TwoSpeedClassifier()
+
+
+def compile_model(model, wrap_optimizer):
+    model.compile(body_optimizer=wrap_optimizer(keras.optimizers.SGD(1e-7)),
+                  head_optimizer=wrap_optimizer(keras.optimizers.Adam(1e-3)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(reduction="sum"))
+
+
+def train_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(1000.0, 100.0, size=(4096, 8)).astype("float32")
+    y = ((x[:, 0] > 1000).astype("int32") + (x[:, 1] > 1100).astype("int32"))
+    return x, y
