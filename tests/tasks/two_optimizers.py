@@ -2,11 +2,12 @@
 the body, Adam for the head, one loss, in a train_step written the way the Keras guide writes a
 custom one, each optimizer scaling the loss for its own gradients.
 
-The features are raw, unnormalised readings around 1000, and the loss is summed over the batch
-(``reduction="sum"``), so the body's first-layer kernel gradient (x times the upstream gradient,
-summed over 256 samples) is about 1e5: beyond float16's largest value even at a loss scale of 1.
-Under float16 compute the body's loss scale collapses, while the head's (its inputs are small
-activations) works: the classic one-optimizer-fails case. float32 trains both.
+The features are raw, unnormalised readings around 20000 (float16 holds them), the body's first
+layer starts with tiny weights, and the loss is summed over the batch (``reduction="sum"``). So
+the body's first-layer kernel gradient (x times the upstream gradient, summed over 256 samples)
+is about 1e6: beyond float16's largest value (65504) even at a loss scale of 1. Under float16
+compute the body's loss scale collapses, while the head's works (its inputs are small
+activations): the classic one-optimizer-fails case. float32 trains both.
 """
 
 import keras
@@ -21,7 +22,7 @@ class TwoSpeedClassifier(keras.Model):
         super().__init__()
         self.body = keras.Sequential([
             keras.layers.Dense(32, activation="relu",
-                               kernel_initializer=keras.initializers.RandomNormal(stddev=1e-3)),
+                               kernel_initializer=keras.initializers.RandomNormal(stddev=1e-5)),
             keras.layers.Dense(32, activation="relu"),
         ], name="body")
         self.head = keras.layers.Dense(3, activation="softmax", name="head")
@@ -64,6 +65,6 @@ def compile_model(model, wrap_optimizer):
 
 def train_data():
     rng = np.random.default_rng(0)
-    x = rng.normal(1000.0, 100.0, size=(4096, 8)).astype("float32")
-    y = ((x[:, 0] > 1000).astype("int32") + (x[:, 1] > 1100).astype("int32"))
+    x = rng.normal(20000.0, 2000.0, size=(4096, 8)).astype("float32")
+    y = (x[:, 0] > 20000).astype("int32") + (x[:, 1] > 22000).astype("int32")
     return x, y

@@ -12,8 +12,9 @@ float32's run of it does:
   example DCGAN (85% of float32's g_loss decrease, ending at its level);
 - any other loss (adversarial: it oscillates, or float32's rises) must stay in float32's band:
   its end level inside the range float32's loss spanned over the last half of its run, widened
-  by the noise and the level allowance; and over that last half it must not drift away from
-  float32's end level by more than float32 itself moved (its trend). A discriminator whose loss
+  by the noise and the level allowance ("slack"); and over that last half it must not move
+  away from float32's end level by more than float32 itself moved, plus float32's range and
+  half the slack (its trend: on its way out of the band, not there yet). A discriminator whose loss
   goes to zero (it wins: the generator learns nothing) or a generator loss that runs off leaves
   the band; the oscillation float32 shows itself does not.
 """
@@ -75,7 +76,7 @@ def band_gap(name: str, own: list[float], reference: list[float], noise: float) 
     drift = end - statistics.fmean(own[middle:middle + window])
     drift_ref = end_ref - statistics.fmean(reference[half:half + window])
     away = abs(end + drift - end_ref) > abs(end - end_ref)   # moving away from float32's end
-    if away and abs(drift - drift_ref) > slack + (high - low):
+    if away and abs(drift - drift_ref) > slack / 2 + (high - low):
         return (f"{name} drifted by {drift:+.3g} over the last half of its run, float32's by "
                 f"{drift_ref:+.3g} (band {low:.3g} to {high:.3g}, +-{slack:.2g})")
     return ""

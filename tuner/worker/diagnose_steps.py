@@ -8,7 +8,9 @@ differentiate from outside. The diagnostics instead run that ``train_step`` eage
 
 - every layer call, of every sub-model (the generator on its latent batch, the discriminator on
   real and generated images, a gradient penalty's interpolates), on exactly what the
-  ``train_step`` feeds it: the output ranges and the input checks, as for any model;
+  ``train_step`` feeds it: the output ranges, and the input checks on what the data feeds (a
+  call whose inputs are all other layers' outputs is left out: a fresh generator's images,
+  nearly constant, are not a feature of the data that 16-bit rounding would erase);
 - every gradient the ``train_step`` hands an optimizer (its ``apply``, which
   ``apply_gradients`` calls): the weight gradients, by layer, from which the loss scale is
   recommended.
@@ -49,9 +51,10 @@ def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
     compile_by_task(model, task, recording)
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
-    watch = LayerWatch()
+    watch = LayerWatch(data_only=True)
     for step in range(steps):
         watch.captured.clear()
+        watch.produced.clear()
         applied.clear()
         with hook_layer_calls(before=watch.inputs, after=watch.capture):
             watch_step(model, batches[step % len(batches)])

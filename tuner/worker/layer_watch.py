@@ -19,15 +19,26 @@ class LayerWatch:
     continuous float inputs, every layer call's float output (``captured``: path, layer,
     tensor), and each output's targets."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_only: bool = False) -> None:
         self.integer_inputs: dict[str, dict[str, Any]] = {}
         self.continuous = ContinuousInputs()
         self.targets = OutputTargets()
         self.captured: list[tuple[str, Any, Any]] = []
+        # data_only: the input checks skip a call whose float inputs are all other layers'
+        # outputs (a watched train_step: a fresh generator's near-constant images are not a
+        # feature of the data). ``produced`` holds this step's outputs, keeping their ids valid.
+        self.data_only = data_only
+        self.produced: list[Any] = []
 
     def inputs(self, layer, args, kwargs) -> None:
         from tuner.apply.layers import call_path
+        from tuner.worker.integer_inputs import float_leaves
 
+        if self.data_only:
+            made = {id(tensor) for tensor in self.produced}
+            leaves = list(float_leaves(args, kwargs))
+            if leaves and all(id(leaf) in made for leaf in leaves):
+                return
         path = call_path(layer)
         integer_inputs_of(layer, path, args, kwargs, self.integer_inputs)
         self.continuous.observe(layer, path, args, kwargs)
@@ -38,6 +49,8 @@ class LayerWatch:
 
         from tuner.apply.layers import call_path
 
+        if self.data_only:
+            self.produced.extend(tf.nest.flatten(output))
         if not isinstance(layer, keras.Model):
             for tensor in tf.nest.flatten(output):
                 if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
