@@ -11,7 +11,8 @@ changes from the guide make it tunable and ready for 16-bit training:
 
 The images are synthetic 16x16 blobs, so the example needs no download.
 
-Tune it:  precision-tuner tune examples/dcgan.py --space quick
+Tune it:   precision-tuner tune examples/dcgan.py --space quick
+Apply it:  python examples/dcgan.py best_precision.json   (trains it under the exported config)
 """
 
 import keras
@@ -42,6 +43,7 @@ class GAN(keras.Model):
         self.g_optimizer = g_optimizer
         self.loss_fn = loss_fn
 
+    # --8<-- [start:train_step]
     def train_step(self, real_images):
         if isinstance(real_images, tuple):
             real_images = real_images[0]
@@ -69,6 +71,7 @@ class GAN(keras.Model):
         self.d_loss_tracker.update_state(d_loss)
         self.g_loss_tracker.update_state(g_loss)
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+    # --8<-- [end:train_step]
 
 
 def build_model():
@@ -95,12 +98,14 @@ def build_model():
     return GAN(discriminator=discriminator, generator=generator, latent_dim=LATENT_DIM)
 
 
+# --8<-- [start:compile_model]
 def compile_model(model, wrap_optimizer):
     model.compile(
         d_optimizer=wrap_optimizer(keras.optimizers.Adam(learning_rate=3e-4)),
         g_optimizer=wrap_optimizer(keras.optimizers.Adam(learning_rate=3e-4)),
         loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
     )
+# --8<-- [end:compile_model]
 
 
 def train_data():
@@ -116,6 +121,7 @@ def train_data():
     return images[..., None].astype("float32")
 
 
+# --8<-- [start:val_metric]
 def val_metric(model):
     """A sample-quality proxy, lower is better: how far 256 generated images are from the real
     ones in their mean image and in their brightest pixel (a blob peaks near 1)."""
@@ -125,3 +131,21 @@ def val_metric(model):
     mean_gap = np.mean((fake.mean(axis=0) - real.mean(axis=0)) ** 2)
     peak_gap = (fake.max(axis=(1, 2, 3)).mean() - real.max(axis=(1, 2, 3)).mean()) ** 2
     return float(mean_gap + peak_gap)
+# --8<-- [end:val_metric]
+
+
+# --8<-- [start:apply]
+if __name__ == "__main__":   # python examples/dcgan.py best_precision.json [epochs]
+    import sys
+
+    import tuner
+
+    config = tuner.PrecisionConfig.load(sys.argv[1])
+    with config.scope():          # the policy and float32 placements, while the model is built
+        model = build_model()
+    compile_model(model, config.wrap_optimizer)   # each optimizer: its loss scale and epsilon
+    history = model.fit(train_data(), batch_size=BATCH_SIZE, shuffle=True,
+                        epochs=int(sys.argv[2]) if len(sys.argv) > 2 else 2, verbose=2)
+    print(f"trained under {config.describe()}: d_loss {history.history['d_loss'][-1]:.3f}, "
+          f"g_loss {history.history['g_loss'][-1]:.3f}, val_metric {val_metric(model):.4f}")
+# --8<-- [end:apply]

@@ -17,6 +17,7 @@ from tests.conftest import ROOT
 TESTED_EXAMPLES = {
     "examples/from_python.py": "tests/test_python_api.py::test_a_model_defined_in_main_tunes",
     "examples/apply_config.py": "tests/test_docs.py::test_the_apply_example_runs_as_shown",
+    "examples/dcgan.py": "tests/test_own_compile_e2e.py::test_the_guides_gan_tunes_end_to_end",
 }
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 

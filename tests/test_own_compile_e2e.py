@@ -43,6 +43,12 @@ def test_the_guides_gan_tunes_end_to_end(tmp_path, executor):
         assert all(scale >= 1.0 for scale in record["loss_scales"])
     assert json.loads(out.read_text())["policy"] in ("float32", "mixed_bfloat16",
                                                       "mixed_float16")
+    if executor == "local":   # the export applied as the example shows (the docs include it)
+        applied = subprocess.run([sys.executable, str(ROOT / "examples" / "dcgan.py"), str(out),
+                                  "1"], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=600)
+        assert applied.returncode == 0, applied.stdout[-2000:] + applied.stderr[-2000:]
+        assert "trained under " in applied.stdout and "val_metric " in applied.stdout
 
     from mlflow import MlflowClient
 

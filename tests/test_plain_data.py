@@ -55,6 +55,16 @@ def test_task_file_static_checks(tmp_path, text, fragment):
         check_task_file(path)
 
 
+def test_a_task_that_compiles_its_model_needs_no_loss(tmp_path):
+    path = tmp_path / "gan.py"
+    path.write_text("def build_model():\n    pass\ndef train_data():\n    pass\n")
+    with pytest.raises(TaskError, match="does not define LOSS.*or compile_model"):
+        check_task_file(path)
+    path.write_text(path.read_text() + "def compile_model(model, wrap_optimizer):\n    pass\n")
+    assert check_task_file(path) == path.resolve()
+    assert check_task_file("examples/dcgan.py").name == "dcgan.py"
+
+
 def test_task_file_must_exist(tmp_path):
     with pytest.raises(TaskError, match="task file not found"):
         check_task_file(tmp_path / "absent.py")

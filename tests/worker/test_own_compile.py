@@ -163,3 +163,24 @@ def test_compile_models_mistakes_are_refused_in_one_line(tmp_path, compile_model
     assert expected in str(refused.value) and "\n" not in str(refused.value)
     failed = trial(str(path), PrecisionConfig(), steps=2)
     assert failed.failure_class is FailureClass.TASK_ERROR and expected in failed.failure_message
+
+
+def test_the_guard_refuses_a_model_with_optimizers_of_its_own_in_one_line():
+    """The guard watches model.optimizer alone: on a GAN it would watch an optimizer that never
+    steps, so it says so instead."""
+    import numpy as np
+
+    from tuner.errors import UsageError
+    from tuner.worker.task_loader import load_task
+    from tuner.worker.task_model import compile_for_trial
+
+    task = load_task(DCGAN)
+    config = PrecisionConfig(policy="mixed_bfloat16")
+    with config.scope():
+        model = task.build_model()
+    compile_for_trial(model, task, config)
+    with pytest.raises(UsageError) as refused:
+        model.fit(np.zeros((32, 16, 16, 1), "float32"), epochs=1, verbose=0,
+                  callbacks=[config.guard()])
+    assert str(refused.value).startswith("precision guard: GAN trains with optimizers of its "
+                                         "own (d_optimizer, g_optimizer)")

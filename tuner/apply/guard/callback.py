@@ -87,6 +87,7 @@ class PrecisionGuard(keras.callbacks.Callback):
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
+        readings.refuse_several_optimizers(model)
         if self._keeper.wrap(model):
             model.make_train_function(force=True)  # fit made it before calling us
         self._optimizer = model.optimizer

@@ -13,6 +13,21 @@ import keras
 import numpy as np
 
 from tuner.apply.guard import cause
+from tuner.errors import UsageError
+
+
+def refuse_several_optimizers(model: keras.Model) -> None:
+    """The guard watches one optimizer, ``model.optimizer`` (its loss scale, its skipped
+    steps, its state to restore): a model that trains with optimizers of its own (a GAN's
+    ``d_optimizer`` and ``g_optimizer``) is refused in one line rather than watched wrongly."""
+    own = sorted(name for name, value in vars(model).items()
+                 if isinstance(value, keras.optimizers.Optimizer) and name != "optimizer"
+                 and not name.startswith("_"))
+    if own:
+        raise UsageError(f"precision guard: {type(model).__name__} trains with optimizers of its "
+                         f"own ({', '.join(own)}), and the guard watches model.optimizer alone. "
+                         "Train it without the guard (the tuner's confirmation judged the "
+                         "config over a longer run).")
 
 
 def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:
