@@ -168,6 +168,9 @@ def classify(exc: BaseException, *, stage: str, layer_paths: Sequence[str] = (),
     if layer is None and reading.node:  # no paths to match: the scope after the model's
         scopes = reading.node.split("/")
         layer = re.sub(r"_\d+$", "", scopes[1] if len(scopes) > 2 else scopes[0])
+    if layer and layer_paths and not any(path == layer or path.endswith("/" + layer)
+                                         for path in layer_paths):
+        layer = None   # the model itself (its train_step): keeping it in float32 is no repair
     where = f" in layer {layer}" if layer else ""
     at = f" (at {reading.user_frame})" if reading.user_frame else ""
     keep = (f"keep {layer} in float32 (float32.layers: [{layer}])" if layer
