@@ -29,15 +29,11 @@ def cross_entropy(labels, probabilities):
 
 def build_model():
     gan = guide.build_model()
-    discriminator = keras.Sequential([
-        keras.Input(shape=(16, 16, 1)),
-        keras.layers.Conv2D(32, 3, strides=2, padding="same"),
-        keras.layers.LeakyReLU(negative_slope=0.2),
-        keras.layers.Conv2D(64, 3, strides=2, padding="same"),
-        keras.layers.LeakyReLU(negative_slope=0.2),
-        keras.layers.GlobalMaxPooling2D(),
-        keras.layers.Dense(1, activation="sigmoid"),
-    ], name="discriminator")
+    # The guide's discriminator, its last layer with a sigmoid.
+    discriminator = keras.Sequential([keras.Input(shape=(16, 16, 1)),
+                                      *gan.discriminator.layers[:-1],
+                                      keras.layers.Dense(1, activation="sigmoid")],
+                                     name="discriminator")
     return guide.GAN(discriminator=discriminator, generator=gan.generator,
                      latent_dim=guide.LATENT_DIM)
 
