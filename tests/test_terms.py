@@ -134,3 +134,27 @@ def test_the_confirmation_compares_each_loss_over_its_last_stretch():
     falling_first = {"kl_loss": [3.0] * 10}
     assert "kl_loss over the last stretch 2" in stretch_terms_gap(
         falling_first, {"kl_loss": [1.0, 1.01] * 5}, {"kl_loss": [2.0, 2.01] * 5})
+
+
+def test_a_back_off_that_only_ends_at_the_floor_counts_every_skip():
+    """A critic whose scale halved from 2^15 to the floor, its update skipped in 15 of 16
+    steps (the WGAN-GP's repaired trial), had not found a working scale: not a back-off."""
+    steps = 16
+    critic = optimizer("c_optimizer", [2.0 ** (14 - i) if i < 15 else 1.0 for i in range(steps)],
+                       list(range(15)))
+    generator = optimizer("g_optimizer", [2048.0] * steps, [0, 1, 2, 3])   # a back-off
+    result = TrialResult(number=1, outcome=TrialOutcome.COMPLETED, losses=[1.0] * steps,
+                         loss_scales=[min(a, b) for a, b in zip(critic["loss_scales"],
+                                                                generator["loss_scales"])],
+                         skipped=list(range(15)), skipped_steps=15, loss_scale_kind="dynamic",
+                         optimizers=[generator, critic])
+    judgement = judge(result, None, expected_steps=steps, **RULES)
+    assert judgement.verdict is Verdict.UNSTABLE
+    assert judgement.reason == ("c_optimizer: skipped 15 of 16 steps (non-finite gradients at "
+                                "scale 1); at most 20% allowed")
+    # The same back-off ending above the floor (at 2) is the mechanism working.
+    critic["loss_scales"][14:] = [2.0, 2.0]
+    critic["skipped"] = list(range(14))
+    result.loss_scales = [min(a, b) for a, b in zip(critic["loss_scales"],
+                                                    generator["loss_scales"])]
+    assert judge(result, None, expected_steps=steps, **RULES).verdict is Verdict.STABLE

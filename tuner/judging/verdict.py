@@ -73,15 +73,22 @@ def loss_scale_collapse(result: TrialResult, floor: float) -> str:
             f"({result.skipped_steps} of {steps} in all)")
 
 
-def settled_skips(result: TrialResult) -> int:
+def settled_skips(result: TrialResult, floor: float = 0.0) -> int:
     """Skipped steps after a dynamic scale's first back-off: a scale that starts too high
     (Keras's 2^15) halves, skipping a step each time, until the gradients fit; that is the
-    mechanism working, not a cost of the config's stability. A fixed scale never backs off."""
+    mechanism working, not a cost of the config's stability. A fixed scale never backs off.
+    A back-off that only ended at the ``floor`` is not counted as one: the floor is where a
+    scale counts as collapsed, and a critic whose scale halved from 2^15 to 1 had its update
+    skipped in 15 of 16 steps (a WGAN-GP trial): every one of those skips counts."""
     if result.loss_scale_kind != "dynamic":
         return result.skipped_steps
     leading = 0
     while leading in result.skipped:
         leading += 1
+    scales = result.loss_scales
+    if leading and leading <= len(scales) and scales[leading - 1] is not None \
+            and scales[leading - 1] <= floor:
+        return result.skipped_steps
     return sum(1 for step in result.skipped if step >= leading) \
         if result.skipped else result.skipped_steps
 
@@ -110,14 +117,9 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
     collapse = any_collapse(result, floor)
     if collapse:
         return Judgement(Verdict.UNSTABLE, collapse, None, median)
-    skips = settled_skips(result)
-    if skips > max_skipped_fraction * expected_steps:
-        settled = "" if skips == result.skipped_steps else " after the scale's first back-off"
-        scale = next((s for s in reversed(result.loss_scales) if s is not None), None)
-        at = f" at scale {scale:g}" if scale is not None else ""
-        return Judgement(Verdict.UNSTABLE, f"skipped {skips} of {len(result.losses)} steps"
-                         f"{settled} (non-finite gradients{at}); at most "
-                         f"{max_skipped_fraction:.0%} allowed", None, median)
+    skipping = skip_failure(result, floor, max_skipped_fraction, expected_steps)
+    if skipping:
+        return Judgement(Verdict.UNSTABLE, skipping, None, median)
     if baseline is None or baseline is result:
         return _judge_baseline(result, median)
     if baseline.loss_terms:   # several losses (a GAN's): each judged against float32's
@@ -140,14 +142,36 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
 def any_collapse(result: TrialResult, floor: float) -> str:
     """Why a loss scale collapsed: of one of several optimizers (named; each keeps its own
     scale), or of the only one ("" when none did)."""
-    for record in result.optimizers:
-        own = replace(result, loss_scales=record["loss_scales"], skipped=record["skipped"],
-                      skipped_steps=len(record["skipped"]),
-                      initial_loss_scale=record["initial_loss_scale"])
+    for record, own in zip(result.optimizers, _each_optimizer(result)):
         collapse = loss_scale_collapse(own, floor)
         if collapse:
             return f"{record['name']}: {collapse}"
     return loss_scale_collapse(result, floor)
+
+
+def skip_failure(result: TrialResult, floor: float, max_fraction: float,
+                 expected_steps: int) -> str:
+    """Why too many steps were skipped ("" when not): counted per optimizer, each after its
+    scale's first back-off (``settled_skips``), the one named where there are several."""
+    names = [record["name"] + ": " for record in result.optimizers] or [""]
+    for name, own in zip(names, _each_optimizer(result)):
+        skips = settled_skips(own, floor)
+        if skips > max_fraction * expected_steps:
+            settled = "" if skips == own.skipped_steps else " after the scale's first back-off"
+            scale = next((s for s in reversed(own.loss_scales) if s is not None), None)
+            at = f" at scale {scale:g}" if scale is not None else ""
+            return (f"{name}skipped {skips} of {len(result.losses)} steps{settled} (non-finite "
+                    f"gradients{at}); at most {max_fraction:.0%} allowed")
+    return ""
+
+
+def _each_optimizer(result: TrialResult) -> list[TrialResult]:
+    """The trial as each of its optimizers saw it (its own scales and skipped steps), or the
+    trial itself where it has one optimizer."""
+    return [replace(result, loss_scales=record["loss_scales"], skipped=record["skipped"],
+                    skipped_steps=len(record["skipped"]),
+                    initial_loss_scale=record["initial_loss_scale"])
+            for record in result.optimizers] or [result]
 
 
 def metric_gap(mine: dict | None, base: dict | None) -> str:

@@ -89,36 +89,51 @@ def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
 
 
 def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
+    """The baseline's, the pick's and the rejected trials' training losses; one panel per loss
+    where the model returns several (a GAN's d_loss and g_loss, each judged on its own)."""
     plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(8, 5))
+    base = summary.baseline.result.loss_terms if summary.baseline else {}
+    names = list(base) or [None]
+    figure, panels = plt.subplots(len(names), 1, figsize=(8, 3 + 2 * len(names)), squeeze=False)
     shown = 0
-    for row in summary.rows:
-        role = ("float32 baseline" if row is summary.baseline else
-                "pick" if row is summary.best else
-                "rejected" if row.judgement.verdict.value in ("unstable", "failed") else None)
-        finite = [v if math.isfinite(v) else float("nan") for v in row.result.losses]
-        if role is None or not finite:
-            continue
-        axes.plot(range(len(finite)), finite, linewidth=2 if role != "rejected" else 1,
-                  linestyle="-" if role != "rejected" else "--",
-                  label=f"#{row.number} {role}: {row.config.describe()}")
-        shown += 1
+    for name, axes in zip(names, panels[:, 0]):
+        for row in summary.rows:
+            role = ("float32 baseline" if row is summary.baseline else
+                    "pick" if row is summary.best else
+                    "rejected" if row.judgement.verdict.value in ("unstable", "failed") else None)
+            values = row.result.losses if name is None else row.result.loss_terms.get(name, [])
+            finite = [v if math.isfinite(v) else float("nan") for v in values]
+            if role is None or not finite:
+                continue
+            axes.plot(range(len(finite)), finite, linewidth=2 if role != "rejected" else 1,
+                      linestyle="-" if role != "rejected" else "--",
+                      label=f"#{row.number} {role}: {row.config.describe()}")
+            shown += 1
+        if name is not None:
+            axes.set_ylabel(name)
+            axes.legend(fontsize=7, loc="best")
     if not shown:
         plt.close(figure)
         return None
-    return _finish(figure, axes, path, "training step", "loss",
-                   "loss curves (same seed, same batches)")
+    panels[-1, 0].set_xlabel("training step")
+    return _finish(figure, panels[0, 0], path, "training step" if len(names) == 1 else "",
+                   names[0] or "loss", "loss curves (same seed, same batches)")
 
 
 def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
+    """Each float16 trial's loss scale by step; each optimizer's where it has several."""
     plt = _pyplot()
-    rows = [r for r in summary.rows if any(s is not None for s in r.result.loss_scales)]
-    if not rows:
+    lines = [(f"#{row.number} {row.config.describe()}" + (f" · {name}" if name else ""), scales)
+             for row in summary.rows
+             for name, scales in ([(o["name"], o["loss_scales"]) for o in row.result.optimizers]
+                                  or [("", row.result.loss_scales)])
+             if any(s is not None for s in scales)]
+    if not lines:
         return None
     figure, axes = plt.subplots(figsize=(8, 4))
-    for row in rows:
-        scales = [s if s is not None else float("nan") for s in row.result.loss_scales]
-        axes.plot(range(len(scales)), scales, label=f"#{row.number} {row.config.describe()}")
+    for label, scales in lines:
+        axes.plot(range(len(scales)), [s if s is not None else float("nan") for s in scales],
+                  label=label)
     axes.set_yscale("log", base=2)
     return _finish(figure, axes, path, "training step", "loss scale",
                    "loss scale over steps (float16 trials)")
