@@ -158,3 +158,11 @@ def test_a_back_off_that_only_ends_at_the_floor_counts_every_skip():
     result.loss_scales = [min(a, b) for a, b in zip(critic["loss_scales"],
                                                     generator["loss_scales"])]
     assert judge(result, None, expected_steps=steps, **RULES).verdict is Verdict.STABLE
+
+
+def test_a_val_metric_given_per_batch_is_weighed_against_float32s_scatter():
+    scattered = [0.01, 0.07, 0.02, 0.06, 0.03, 0.05, 0.04, 0.04]   # mean 0.04, 2 s.e. 0.014
+    base = {"val_metric": 0.04, "val_metric_values": scattered}
+    assert metric_gap({"val_metric": 0.054}, base) == ""              # inside the scatter
+    assert metric_gap({"val_metric": 0.054}, {"val_metric": 0.04}) != ""   # a bare number
+    assert "noise +-0.014" in metric_gap({"val_metric": 0.07}, base)

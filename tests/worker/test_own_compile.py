@@ -57,6 +57,7 @@ def test_the_guides_gan_trains_with_each_optimizer_scaled_and_each_loss_recorded
     # float32: the same optimizers, no scale; both judged; the sample-quality proxy taken.
     assert [o["loss_scales"][0] for o in gan_float32.optimizers] == [None, None]
     assert math.isfinite(gan_float32.validation["val_metric"])
+    assert len(gan_float32.validation["val_metric_values"]) == 8   # one per batch of images
     assert "no call() and no test_step()" in gan_float32.validation["error"]
     judgement = verdict(result, gan_float32, 12)
     assert judgement.verdict in (Verdict.STABLE, Verdict.UNSTABLE)

@@ -176,8 +176,9 @@ def _each_optimizer(result: TrialResult) -> list[TrialResult]:
 
 def metric_gap(mine: dict | None, base: dict | None) -> str:
     """Why the task's ``val_metric(model)`` (lower is better) came out worse than float32's
-    beyond the level allowance, or failed where float32's ran ("" otherwise). One number per
-    run: no batch noise to weigh it against, only the allowance."""
+    beyond its noise and the level allowance, or failed where float32's ran ("" otherwise).
+    The noise is float32's batch-to-batch scatter where the metric gives one value per batch
+    of samples (``val_metric_values``); a single number has only the allowance."""
     reference = (base or {}).get("val_metric")
     if reference is None or not math.isfinite(reference):
         return ""
@@ -187,7 +188,8 @@ def metric_gap(mine: dict | None, base: dict | None) -> str:
         return f"val_metric failed where float32's ran: {why}"
     if not math.isfinite(own):
         return f"val_metric non-finite (float32's {reference:.3g})"
-    return level_gap("val_metric", own, reference, 0.0, LEVEL_ALLOWANCE)
+    noise = NOISE_SIGMAS * standard_error((base or {}).get("val_metric_values") or [])
+    return level_gap("val_metric", own, reference, noise, LEVEL_ALLOWANCE)
 
 
 def validation_failure(mine: dict | None, base: dict | None) -> str:

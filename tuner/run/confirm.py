@@ -197,27 +197,28 @@ def _speed_gap(speed: SpeedupEstimate | None, chosen_on: SpeedupEstimate | None,
 def _final_gap(outcome: Confirmation) -> str:
     """Why the pick ends worse than float32 ("" when it does not): on validation, or, where the
     model cannot be evaluated, on the training losses of the last stretch (same batches, same
-    order for both; the noise is float32's step-to-step scatter there)."""
+    order for both; the noise is float32's step-to-step scatter there), each loss on its own
+    where the model returns several; and on the task's ``val_metric`` where it has one."""
     last = outcome.checkpoints[-1]
-    metric = metric_gap(last.pick, last.float32)
-    if metric:
-        return f"at step {last.step}, {metric}"
+    error = last.float32.get("error", "?")
     if "loss" in last.float32 and "loss" in last.pick:
         gap = validation_gap(last.pick, last.float32)
-        return f"at step {last.step}, {gap}" if gap else ""
-    if last.float32_terms:
-        outcome.fallback = (f"the model cannot be evaluated ({last.float32.get('error', '?')}):"
-                            " each of its losses compared over the last stretch")
+    elif last.float32_terms:
+        outcome.fallback = (f"the model cannot be evaluated ({error}): each of its losses "
+                            "compared over the last stretch")
         gap = stretch_terms_gap(outcome.checkpoints[0].float32_terms, last.float32_terms,
                                 last.pick_terms)
-        return f"at step {last.step}, {gap}" if gap else ""
-    if not last.float32_losses or not last.pick_losses:
-        return f"at step {last.step}, neither validation nor training losses to compare"
-    outcome.fallback = (f"the model cannot be evaluated ({last.float32.get('error', '?')}): "
-                        "compared on the training losses of the last stretch")
-    noise = NOISE_SIGMAS * standard_error(last.float32_losses)
-    gap = level_gap("training loss over the last stretch", statistics.fmean(last.pick_losses),
-                    statistics.fmean(last.float32_losses), noise, LEVEL_ALLOWANCE)
+    elif not last.float32_losses or not last.pick_losses:
+        gap = "" if "val_metric" in last.float32 else \
+            "neither validation nor training losses to compare"
+    else:
+        outcome.fallback = (f"the model cannot be evaluated ({error}): compared on the "
+                            "training losses of the last stretch")
+        noise = NOISE_SIGMAS * standard_error(last.float32_losses)
+        gap = level_gap("training loss over the last stretch",
+                        statistics.fmean(last.pick_losses),
+                        statistics.fmean(last.float32_losses), noise, LEVEL_ALLOWANCE)
+    gap = gap or metric_gap(last.pick, last.float32)
     return f"at step {last.step}, {gap}" if gap else ""
 
 

@@ -52,14 +52,19 @@ def evaluable(model) -> bool:
 
 
 def val_metric(task, model) -> dict[str, Any]:
-    """The task's ``val_metric(model)``: a number, lower is better (a GAN's sample-quality
-    proxy), judged against float32's (tuner.judging.verdict.metric_gap); or why it failed."""
+    """The task's ``val_metric(model)``, lower is better (a GAN's sample-quality proxy), judged
+    against float32's (tuner.judging.verdict.metric_gap): a number, or one per batch of samples
+    (their mean is the value, their scatter its noise); or why it failed."""
     try:
-        value = float(task.val_metric(model))
+        value = task.val_metric(model)
+        values = [float(v) for v in value] if hasattr(value, "__len__") else [float(value)]
+        if not values:
+            raise ValueError("it returned no value")
     except Exception as exc:  # noqa: BLE001 - a failed check is judged, not raised
         return {"val_metric_error": f"val_metric(model) raised {type(exc).__name__}: "
                                     f"{first_line(exc, 200)}"}
-    return {"val_metric": value}
+    return {"val_metric": statistics.fmean(values),
+            **({"val_metric_values": values} if len(values) > 1 else {})}
 
 
 def evaluate(model, batches: list, source: str) -> dict[str, Any]:
