@@ -70,16 +70,16 @@ class Confirmation:
     def table(self) -> list[str]:
         """``step  float32 val  pick val`` lines for the summary (training losses of each
         stretch, marked, where the model cannot be evaluated)."""
-        metric = not self.fallback and self.checkpoints and \
-            "loss" not in self.checkpoints[-1].float32 and \
+        # Without a validation loss, the task's val_metric where it has one, else training.
+        metric = bool(self.checkpoints) and "loss" not in self.checkpoints[-1].float32 and \
             "val_metric" in self.checkpoints[-1].float32
-        what = "train loss" if self.fallback else "val_metric" if metric else "val loss"
+        what = "val_metric" if metric else "train loss" if self.fallback else "val loss"
         lines = [f"  {'step':>6}  {'float32 ' + what:>18}  {'#' + str(self.trial) + ' ' + what:>16}"]
         for point in self.checkpoints:
-            base, mine = (_mean(point.float32_losses), _mean(point.pick_losses)) \
-                if self.fallback else \
+            base, mine = \
                 (_figure(point.float32.get("val_metric")), _figure(point.pick.get("val_metric"))) \
-                if metric else (_loss(point.float32), _loss(point.pick))
+                if metric else (_mean(point.float32_losses), _mean(point.pick_losses)) \
+                if self.fallback else (_loss(point.float32), _loss(point.pick))
             lines.append(f"  {point.step:>6}  {base:>18}  {mine:>16}")
         return lines
 
