@@ -150,6 +150,7 @@ if __name__ == "__main__":   # python examples/dcgan.py best_precision.json [epo
     compile_model(model, config.wrap_optimizer)   # each optimizer: its loss scale and epsilon
     history = model.fit(train_data(), batch_size=BATCH_SIZE, shuffle=True,
                         epochs=int(sys.argv[2]) if len(sys.argv) > 2 else 2, verbose=2)
+    quality = np.mean(val_metric(model))
     print(f"trained under {config.describe()}: d_loss {history.history['d_loss'][-1]:.3f}, "
-          f"g_loss {history.history['g_loss'][-1]:.3f}, val_metric {val_metric(model):.4f}")
+          f"g_loss {history.history['g_loss'][-1]:.3f}, val_metric {quality:.4f}")
 # --8<-- [end:apply]
