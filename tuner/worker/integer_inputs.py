@@ -97,7 +97,8 @@ def integer_check(expected: Sequence[dict[str, Any]]) -> Callable:
 def first_rounding(run: Callable[[], Any],
                    checks: dict[Any, Callable]) -> tuple[Any, str, str] | None:
     """Run the forward pass once, eagerly (``run()``), asking every check about every float
-    input of every layer call (``check(layer, path, index, arrives, computes)`` returns ``(layer, reason)``
+    input of every layer call (``check(layer, path, index, arrives, computes)`` returns
+    ``(layer, reason)``
     or None): ``(tag, layer, reason)`` from the first that answers, else None."""
     from tuner.apply.layers import call_path, hook_layer_calls
 

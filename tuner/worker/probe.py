@@ -24,17 +24,6 @@ def optimizer_facts(*optimizers) -> dict:
             "epsilon": all(hasattr(o, "epsilon") for o in optimizers)}
 
 
-def _optimizers_of(task, model) -> list:
-    """The task's optimizers: ``make_optimizer()``'s, or those its ``compile_model`` made (the
-    probe's model is compiled by then: ``_probe_build``)."""
-    if task.compile_model is None:
-        return [task.optimizer()]
-
-    found: list = []
-    compile_by_task(task.build_model(), task, lambda o: found.append(o) or o)
-    return found
-
-
 def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
                ceiling: bool = False, diagnose_steps: int = 0) -> dict:
     """Check the task in the worker before anything is written; return a short description.
@@ -61,14 +50,14 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     task = load_task(task_path)
     batches = fixed_batches(task, steps)
     with PrecisionConfig().scope():
-        model = _probe_build(task, batches[0])
+        model, optimizers = _probe_build(task, batches[0])
     style = ("sequential" if isinstance(model, keras.Sequential) else
              "functional" if type(model).__name__ == "Functional" else "subclassed")
     info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
             "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
             "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
             "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
-            "optimizer": optimizer_facts(*_optimizers_of(task, model))}
+            "optimizer": optimizer_facts(*optimizers)}
     largest = largest_kernel(model, info["batch_size"]) if ceiling else None
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
@@ -85,9 +74,10 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     return info
 
 
-def _probe_build(task, first_batch):
+def _probe_build(task, first_batch) -> tuple:
+    """The task's model, built (a subclassed one called on the first batch; one the task
+    compiles, or one without ``call()``, trained one watched step), and its optimizers."""
     import keras
-
 
     try:
         model = task.build_model()
@@ -100,8 +90,8 @@ def _probe_build(task, first_batch):
     if task.from_dataset:
         _refuse_unbatched(task, model, first_batch)
     if task.compile_model is not None or not has_forward_pass(model):
-        _probe_step(task, model, first_batch)
-    elif not model.built:  # a subclassed model creates its layers' weights on its first call
+        return model, _probe_step(task, model, first_batch)
+    if not model.built:  # a subclassed model creates its layers' weights on its first call
         x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
         try:
             model(x)
@@ -110,15 +100,15 @@ def _probe_build(task, first_batch):
                             f"first batch of train_data() raised {type(exc).__name__}: "
                             f"{first_line(exc)}. Make the model accept train_data()'s x.") \
                 from exc
-    return model
+    return model, [task.optimizer()]
 
 
-def _probe_step(task, model, first_batch) -> None:
+def _probe_step(task, model, first_batch) -> list:
     """A model the task compiles itself, or one without ``call()``: compiled (float32) and
     trained one step, watched (tuner.worker.task_model), on the first batch; what fails says
-    so in one line. Without ``compile_model`` a model without ``call()`` is refused: its
-    ``compile()`` is its own (the Keras guide's GAN takes ``d_optimizer, g_optimizer``)."""
-
+    so in one line; its optimizers. Without ``compile_model`` a model without ``call()`` is
+    refused: its ``compile()`` is its own (the Keras guide's GAN takes ``d_optimizer,
+    g_optimizer``)."""
     name = type(model).__name__
     if task.compile_model is None:
         raise TaskError(f"{name} from build_model() in {task.path.name} defines no call(), so "
@@ -126,13 +116,14 @@ def _probe_step(task, model, first_batch) -> None:
                         "compile_model(model, wrap_optimizer) in the task file: compile the "
                         "model there, each optimizer wrapped, e.g. model.compile(d_optimizer="
                         "wrap_optimizer(keras.optimizers.Adam(1e-4)), ...)")
-    compile_by_task(model, task, lambda optimizer: optimizer)
+    optimizers = compile_by_task(model, task, lambda optimizer: optimizer)
     try:
         watch_step(model, first_batch)
     except Exception as exc:
         raise TaskError(f"{name}.train_step on the first batch of train_data() in "
                         f"{task.path.name} raised {type(exc).__name__}: {first_line(exc)}. "
                         "Make it train on train_data()'s batches.") from exc
+    return [optimizer for _, optimizer in optimizers]
 
 
 def _refuse_unbatched(task, model, first_batch) -> None:

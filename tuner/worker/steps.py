@@ -97,7 +97,7 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
 
     sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
     scaled = keras.optimizers.LossScaleOptimizer
-    watched = [(name, optimizer) for name, optimizer in optimizers]
+    watched = list(optimizers)
     apart = len(watched) > 1
 
     class StepRecorder(keras.callbacks.Callback):

@@ -9,8 +9,8 @@ trials see the same batches, so the verdict compares them batch by batch (tuner.
 
 Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
 "seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated; with the task's
-``val_metric(model)``, its value too (``"val_metric"``, or ``"val_metric_error"``). Where float32's
-validation ran, a trial whose validation fails has failed that check
+``val_metric(model)``, its value too (``"val_metric"`` and, given per batch,
+``"val_metric_values"``; or ``"val_metric_error"``). Where float32's validation ran, a trial whose validation fails has failed that check
 (``tuner.judging.verdict.validation_failure``); where float32's fails too, no config can be
 compared on validation, the trials are judged on their training losses, and the summary says
 why.
@@ -46,7 +46,6 @@ def validate(task, model, pool: int) -> dict[str, Any]:
 def evaluable(model) -> bool:
     """``model.evaluate`` can run: the model has a forward pass or a ``test_step`` of its own."""
     import keras
-
 
     return has_forward_pass(model) or type(model).test_step is not keras.Model.test_step
 
