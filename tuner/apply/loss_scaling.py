@@ -85,6 +85,19 @@ def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
                                      dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
 
 
+def held_optimizers(model) -> dict[str, keras.optimizers.Optimizer]:
+    """The optimizers a model holds in its public attributes, by attribute name: ``optimizer``
+    (compile's), and those a custom ``compile`` keeps (a GAN's ``d_optimizer``)."""
+    return {name: value for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and not name.startswith("_")}
+
+
+def optimizer_variables(optimizer) -> list:
+    """The optimizer's variables, a LossScaleOptimizer's and its inner optimizer's both."""
+    return [variable for owner in (optimizer, getattr(optimizer, "inner_optimizer", None))
+            if owner is not None for variable in getattr(owner, "variables", [])]
+
+
 def current_loss_scale(optimizer) -> float | None:
     """The loss scale the optimizer applies right now (``None`` when there is none)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

@@ -80,12 +80,10 @@ def training_memory(model, optimizers: list, batch: tuple) -> dict:
     import keras
 
     from tuner.apply.layers import hook_layer_calls
+    from tuner.apply.loss_scaling import optimizer_variables
 
-    state = {}
-    for optimizer in optimizers:
-        for owner in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-            for variable in getattr(owner, "variables", []) if owner is not None else []:
-                state[id(variable)] = variable
+    state = {id(variable): variable for optimizer in optimizers
+             for variable in optimizer_variables(optimizer)}
     outputs = []
 
     def keep(layer, output) -> None:

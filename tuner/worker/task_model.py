@@ -101,10 +101,9 @@ def _undo_automatic_scaling(model, wrapped: list) -> None:
 
 
 def _named(model, optimizers: list) -> Named:
-    import keras
+    from tuner.apply.loss_scaling import held_optimizers
 
-    attributes = {id(value): key for key, value in vars(model).items()
-                  if isinstance(value, keras.optimizers.Optimizer) and not key.startswith("_")}
+    attributes = {id(value): key for key, value in held_optimizers(model).items()}
     named: Named = []
     for optimizer in optimizers:
         name = attributes.get(id(optimizer)) or optimizer.name
@@ -134,14 +133,12 @@ def watch_step(model, batch: tuple, *, restore: bool = False) -> Any:
 
 
 def _state(model) -> list:
-    import keras
+    from tuner.apply.loss_scaling import held_optimizers, optimizer_variables
 
     seen: dict[int, Any] = {id(v): v for v in model.variables}
-    for value in vars(model).values():
-        if isinstance(value, keras.optimizers.Optimizer):
-            for owner in (value, getattr(value, "inner_optimizer", None)):
-                for variable in getattr(owner, "variables", []) if owner is not None else []:
-                    seen.setdefault(id(variable), variable)
+    for optimizer in held_optimizers(model).values():
+        for variable in optimizer_variables(optimizer):
+            seen.setdefault(id(variable), variable)
     return list(seen.values())
 
 

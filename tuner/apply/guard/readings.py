@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from tuner.apply.guard import cause
+from tuner.apply.loss_scaling import held_optimizers
 from tuner.errors import UsageError
 
 
@@ -20,9 +21,7 @@ def refuse_several_optimizers(model: keras.Model) -> None:
     """The guard watches one optimizer, ``model.optimizer`` (its loss scale, its skipped
     steps, its state to restore): a model that trains with optimizers of its own (a GAN's
     ``d_optimizer`` and ``g_optimizer``) is refused in one line rather than watched wrongly."""
-    own = sorted(name for name, value in vars(model).items()
-                 if isinstance(value, keras.optimizers.Optimizer) and name != "optimizer"
-                 and not name.startswith("_"))
+    own = sorted(name for name in held_optimizers(model) if name != "optimizer")
     if own:
         raise UsageError(f"precision guard: {type(model).__name__} trains with optimizers of its "
                          f"own ({', '.join(own)}), and the guard watches model.optimizer alone. "
