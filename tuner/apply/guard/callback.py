@@ -1,23 +1,31 @@
 """``PrecisionGuard``: a Keras callback that watches a training under a ``PrecisionConfig`` and,
-when 16-bit training fails, restores the last good state, finds the layer at fault on the
-failing batch and repairs it, then lets the training go on.
+when 16-bit training fails, restores the last good state, finds the layers at fault on the
+failing batch and repairs them, then lets the training go on.
 
 Checks, after every step: a non-finite loss; a run of skipped updates (the optimizer's
 iterations not advancing under a loss scale); a dynamic loss scale at its floor; a loss far
-above its recent level (``watch.SpikeWatch``). After every epoch: a non-finite validation loss,
-and (``float32_check=``, off by default: it costs an evaluation) the same weights evaluated
-with every layer in float32, which says what 16-bit compute costs the model now.
+above its recent level (``watch.SpikeWatch``). Every ``check_every`` steps and at each epoch's
+end: each 16-bit layer's output against the same layer computed in float32 on the kept batch
+(``fidelity``: a finite, wrong output that no NaN ever shows), a layer beyond any rounding at
+two checks in a row is a failure. After every epoch: a non-finite validation loss, and
+(``float32_check=``, off by default: it costs two evaluations) the same weights evaluated with
+every layer in float32; a gap beyond ``FLOAT32_GAP`` two epochs running is a failure.
 
-The repair ladder, smallest step first, each layer repair verified on the failing batch
-(``cause``): restore the last snapshot; move the layer at fault to float32; reset the loss
-scale when it sat at its floor; as the last resort (mixed policies) every layer to float32.
-After ``max_repairs`` it stops the training with ``GuardError``, naming what it tried.
-Under pure 16-bit policies (16-bit weights) a layer cannot move to float32 mid-training (its
-weights and their optimizer slots are 16-bit): the guard restores and rescales, and records
-the layer in ``guard.config`` so that the next training builds it in float32.
+A repair is one trip, sized by what the failing batch shows: restore the last snapshot; move
+every layer whose output is non-finite, every layer whose backward pass overflows where no
+loss scale helps, and every layer that disagrees with float32, each verified on the batch
+(``cause``, ``fidelity``); lower the loss-scale floor where gradients overflow even at it, or
+reset a scale that sat at its floor. When ``max_repairs`` trips are spent, or a failure shows
+nothing to repair twice, the last resort under mixed policies is every layer in float32; only
+after it (or under pure 16-bit policies, where it does not exist) does the guard stop the
+training with ``GuardError``. Under pure 16-bit policies (16-bit weights) a layer cannot move to
+float32 mid-training (its weights and their optimizer slots are 16-bit): the guard restores and
+rescales, and records the layer in ``guard.config`` so that the next training builds it in
+float32.
 
-A healthy training is untouched: the guard only reads variables, and its step wrapper only
-copies the batch, so the loss history is the same bit for bit (tests/test_guard.py).
+A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
+batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
+history is the same bit for bit (tests/guard/test_guard.py).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any
 import keras
 
 from tuner.apply.config import PrecisionConfig, PURE_POLICIES
-from tuner.apply.guard import cause, readings
+from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
@@ -38,6 +46,10 @@ from tuner.errors import TunerError
 
 
 _FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch fits
+# The float32 check's gap (as-is loss against all-float32 loss, either way round) that counts
+# as a failure when it holds two epochs running: the confirmation's level allowance (25%).
+FLOAT32_GAP = 1.25
+_SCALE_KINDS = ("scale_at_floor", "scale_collapsed", "skipped_updates")
 
 
 class GuardError(TunerError):
@@ -48,21 +60,26 @@ class PrecisionGuard(keras.callbacks.Callback):
     """Watch and repair a training under ``config``; add it to ``model.fit(callbacks=[...])``.
 
     ``snapshot_every``: steps between host-memory snapshots (weights and optimizer state);
-    ``max_repairs``: repairs before it stops the training; ``max_skipped``: consecutive skipped
-    updates that count as a failure; ``spike_sigmas``: how many robust standard deviations of
-    the recent log loss make a spike; ``float32_check``: data (``(x, y)`` or a dataset) to
-    evaluate on in float32 each epoch; ``data``: a batch to diagnose on where the guard cannot
-    keep the training's own (XLA); ``verbose``: 0 silences the one line per event.
+    ``max_repairs``: repairs before the last resort, then ``GuardError``; ``max_skipped``:
+    consecutive skipped updates that count as a failure; ``spike_sigmas``: how many robust
+    standard deviations of the recent log loss make a spike; ``check_every``: steps between
+    per-layer float32 comparisons on the kept batch (also at each epoch's end; None: never);
+    ``float32_check``: data (``(x, y)`` or a dataset) to evaluate on as-is and in float32
+    each epoch; ``data``: a batch to diagnose on where the guard cannot keep the training's
+    own (a distributed iterator); ``verbose``: 0 silences the one line per event.
     """
 
     def __init__(self, config: PrecisionConfig, *, snapshot_every: int = 50,
                  max_repairs: int = 5, max_skipped: int = 25, spike_sigmas: float = 12.0,
-                 float32_check: Any = None, data: Any = None, verbose: int = 1) -> None:
+                 check_every: int | None = 200, float32_check: Any = None, data: Any = None,
+                 verbose: int = 1) -> None:
         super().__init__()
         self.config = config
         self.snapshot_every = readings.positive_int("snapshot_every", snapshot_every)
         self.max_repairs = readings.positive_int("max_repairs", max_repairs)
         self.max_skipped = readings.positive_int("max_skipped", max_skipped)
+        self.check_every = None if check_every is None else \
+            readings.positive_int("check_every", check_every)
         self.spike_sigmas = float(spike_sigmas)
         self.float32_check = float32_check
         self.data = data
@@ -82,14 +99,17 @@ class PrecisionGuard(keras.callbacks.Callback):
         self._skipped_run = 0
         self._skipped_epoch = 0
         self._floor_steps = 0
+        self._last_check = 0
+        self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
+        self._gap_epochs = 0                  # epochs in a row the float32 check was off
+        self._found_nothing = 0
         self._tried: list[str] = []
 
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
         readings.refuse_several_optimizers(model)
-        if self._keeper.wrap(model):
-            model.make_train_function(force=True)  # fit made it before calling us
+        self._keeper.wrap(model)  # fit made its train function before calling us
         self._optimizer = model.optimizer
         self._tracker = readings.loss_tracker(model)
         self._floor = float(getattr(self._optimizer, "floor", self.config.loss_scale.floor))
@@ -97,8 +117,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         self._take_snapshot()
 
     def on_train_end(self, logs=None) -> None:
-        self._keeper.unwrap()
-        readings.log_to_mlflow(self.history, self.events, self.config)
+        self._close()
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self._epoch = epoch
@@ -119,6 +138,9 @@ class PrecisionGuard(keras.callbacks.Callback):
         self._skipped_run = self._skipped_run + skipped if skipped else 0
         loss = self._step_loss(logs)
         kind, seen = self._check_step(loss)
+        if kind is None and self.check_every is not None \
+                and self._step - self._last_check >= self.check_every:
+            kind, seen = self._check_layers()
         if kind is not None:
             self._trip(kind, seen)
         elif self._step - (self._snapshot.step if self._snapshot else 0) >= self.snapshot_every:
@@ -136,6 +158,16 @@ class PrecisionGuard(keras.callbacks.Callback):
         val = figures["val_loss"]
         if val is not None and not math.isfinite(val):
             self._trip("val_non_finite", f"validation loss {val}")
+            return
+        if self.float32_check is not None:
+            kind, seen = self._judge_float32_check(figures)
+            if kind is not None:
+                self._trip(kind, seen)
+                return
+        if self.check_every is not None and self._step > self._last_check:
+            kind, seen = self._check_layers()
+            if kind is not None:
+                self._trip(kind, seen)
 
     # -- checks ------------------------------------------------------------------------------
     def _check_step(self, loss: float | None) -> tuple[str | None, str]:
@@ -158,71 +190,213 @@ class PrecisionGuard(keras.callbacks.Callback):
                                   f"{self._spikes.threshold():.4g}")
         return None, ""
 
+    def _check_layers(self) -> tuple[str | None, str]:
+        """The per-layer float32 comparison on the kept batch: a layer beyond any rounding at
+        two checks in a row is a silent failure."""
+        self._last_check = self._step
+        batch = self._batch()
+        if batch is None or self.config.compute_dtype == "float32":
+            return None, ""
+        x = keras.utils.unpack_x_y_sample_weight(batch)[0]
+        found = [item for item in fidelity.compare_layers(self.model, x)
+                 if item.layer not in self.config.float32.layers]
+        self._suspects = {item.layer: self._suspects.get(item.layer, 0) + 1 for item in found}
+        lasting = [item for item in found if self._suspects[item.layer] >= 2]
+        if not lasting:
+            return None, ""
+        return "silent_layer", "; ".join(item.describe() for item in lasting)
+
+    def _judge_float32_check(self, figures: dict) -> tuple[str | None, str]:
+        as_is, in_float32 = figures["check_loss"], figures["check_loss_float32"]
+        if not (math.isfinite(in_float32) and in_float32 > 0):
+            self._gap_epochs = 0
+            return None, ""
+        gap = max(as_is / in_float32, in_float32 / as_is) if math.isfinite(as_is) \
+            and as_is > 0 else math.inf
+        self._gap_epochs = self._gap_epochs + 1 if gap > FLOAT32_GAP else 0
+        if self._gap_epochs < 2:
+            return None, ""
+        self._gap_epochs = 0
+        return "float32_gap", (f"the float32 check's loss is {as_is:.4g} as the model runs and "
+                               f"{in_float32:.4g} with every layer in float32 ({gap:.3g}x "
+                               f"apart, two epochs running; allowed {FLOAT32_GAP:g}x)")
+
     # -- repairing ---------------------------------------------------------------------------
     def _trip(self, kind: str, seen: str) -> None:
-        if self.repairs >= self.max_repairs:
-            self.model.stop_training = True
-            raise GuardError(
-                f"precision guard: {seen} at epoch {self._epoch + 1} step {self._step} after "
-                f"{self.repairs} repairs (tried: {'; '.join(self._tried) or 'nothing'}); "
-                "stopping. Train with guard.config, or in float32.")
-        self.repairs += 1
         model, batch = self.model, self._batch()
         restored = self._snapshot.step if self._snapshot else None
-        broken = readings.non_finite_weights(model)
-        if broken and self._snapshot is not None:  # diagnose on the state that was still good
-            self._snapshot.restore(model)
+        if self.repairs >= self.max_repairs:
+            if not self._last_resort_left():
+                self._stop(seen)
+            action = self._last_resort(f"{self.repairs} repairs spent")
+            self._finish_trip(kind, seen, None, action, "out of repairs", restored)
+            return
+        self.repairs += 1
+        if readings.non_finite_weights(model) and self._snapshot is not None:
+            self._snapshot.restore(model)  # diagnose on the state that was still good
         found = cause.probe(model, batch, self._scale()) if batch is not None else None
+        if found is not None and found.data_non_finite:
+            if self._snapshot is not None:
+                self._snapshot.restore(model)
+            action = "skipped a batch holding NaN/inf (not precision)"
+            self._finish_trip(kind, seen, None, action, found.describe(), restored)
+            return
+        layers, actions = self._repair_layers(kind, found, batch)
+        scale_action = self._repair_scale(kind, batch)
         if self._snapshot is not None:
             self._snapshot.restore(model)
-        if found is not None and found.data_non_finite:
-            action = f"restored step {restored}; skipped a batch holding NaN/inf (not precision)"
+        if scale_action is not None:
+            actions.append(scale_action())
+        if layers or scale_action is not None:
+            self._found_nothing = 0
         else:
-            action = self._repair(kind, found, batch)
-            action = f"restored step {restored}; {action}" if restored is not None else action
-        model.reset_metrics()
+            self._found_nothing += 1
+            if self._found_nothing >= 2 and self._last_resort_left():
+                actions.append(self._last_resort("the failure came back with nothing to repair"))
+            elif found is not None and not found.failing and kind != "silent_layer":
+                actions.append("went on (nothing non-finite on the batch: not a precision "
+                               "failure there)")
+            else:
+                actions.append("went on from the restored state")
+        why = found.describe() if found is not None else "no batch to diagnose on"
+        self._finish_trip(kind, seen, ", ".join(layers) or None, "; ".join(actions), why,
+                          restored)
+
+    def _finish_trip(self, kind: str, seen: str, layer: str | None, action: str, why: str,
+                     restored: int | None) -> None:
+        if restored is not None:
+            action = f"restored step {restored}; {action}"
+        self.model.reset_metrics()
         self._iterations = readings.iterations(self.model)  # the snapshot's count
         self._losses.reset()
         self._skipped_run = 0
+        self._suspects = {}
         self._tried.append(action)
-        self._record(kind, seen, found.layer if found else None, action,
-                     found.describe() if found else "no batch to diagnose on")
+        self._record(kind, seen, layer, action, why)
 
-    def _repair(self, kind: str, found, batch) -> str:
-        layer = found.layer if found is not None else None
-        if layer is not None and self.config.compute_dtype != "float32":
-            if self.config.policy in PURE_POLICIES:
-                self._amend(layers=(layer,))
-                return (f"cannot move {layer} to float32 mid-training under pure "
-                        f"{self.config.policy} (its weights are 16-bit): guard.config builds "
-                        "it in float32 next time")
-            changed = cause.place_in_float32(self.model, self.config, layer)
-            if changed and not cause.probe(self.model, batch, self._scale()).failing:
-                self._amend(layers=(layer,))
-                cause.retrace(self.model)
-                return f"moved {layer} to float32"
-            cause.undo(changed)
-        if self._dynamic() and kind in ("scale_at_floor", "skipped_updates") \
-                and found is not None and found.backward is not None:
-            lowered = self._lower_floor(batch)
-            if lowered is not None:
-                return lowered
-        if self._dynamic() and kind in ("scale_at_floor", "scale_collapsed", "skipped_updates"):
-            initial = self.config.loss_scale.initial_scale
+    def _repair_layers(self, kind: str, found, batch) -> tuple[list[str], list[str]]:
+        """Every layer the batch shows failing, on the failing state: non-finite outputs (one
+        after another: moving one lets the next show), outputs that disagree with float32, and
+        backward passes that overflow where no loss scale helps. Returns the layers and what
+        was done."""
+        if batch is None or found is None or self.config.compute_dtype == "float32":
+            return [], []
+        x = keras.utils.unpack_x_y_sample_weight(batch)[0]
+        if self.config.policy in PURE_POLICIES:
+            layers = [name for name in [found.layer] if name] + [
+                item.layer for item in fidelity.compare_layers(self.model, x)
+                if item.layer not in self.config.float32.layers]
+            layers = list(dict.fromkeys(layers))
+            if not layers:
+                return [], []
+            self._amend(tuple(layers))
+            return layers, [f"cannot move {', '.join(layers)} to float32 mid-training under "
+                            f"pure {self.config.policy} (its weights are 16-bit): guard.config "
+                            "builds it in float32 next time"]
+        moved, actions = [], []
+        scale = self._scale()
+        backward_is_the_scales = self._dynamic() and kind in _SCALE_KINDS
+        while found.failing and found.layer and found.layer not in moved:
+            if found.forward is None and backward_is_the_scales:
+                break  # gradients overflowing at the floor: the floor's to lower first
+            changed = cause.place_in_float32(self.model, self.config, found.layer)
+            if not changed:
+                break
+            again = cause.probe(self.model, batch, scale)
+            if again.layer == found.layer and again.failing:
+                cause.undo(changed)
+                break
+            moved.append(found.layer)
+            found = again
+        disagreeing = [item.layer for item in fidelity.compare_layers(self.model, x)
+                       if item.layer not in moved and item.layer not in self.config.float32.layers]
+        if disagreeing:
+            before = fidelity.output_gap(self.model, x)
+            changed = [pair for name in disagreeing
+                       for pair in cause.place_in_float32(self.model, self.config, name)]
+            after = fidelity.output_gap(self.model, x)
+            if changed and after < 0.9 * before:
+                moved += disagreeing
+            else:
+                cause.undo(changed)
+                actions.append(f"{', '.join(disagreeing)} disagree with float32 but moving "
+                               f"them did not bring the model's output closer "
+                               f"({before:.3g} -> {after:.3g}): left as they were")
+        if moved:
+            self._amend(tuple(moved))
+            self._retrace()
+            actions.insert(0, f"moved {', '.join(moved)} to float32")
+        return moved, actions
+
+    def _repair_scale(self, kind: str, batch):
+        """What to do to the loss scale, decided on the failing state and done after the
+        restore (which puts the snapshot's scale back): a callable, or None."""
+        if not self._dynamic() or kind not in _SCALE_KINDS:
+            return None
+        if batch is not None and kind != "scale_collapsed":
+            still = cause.probe(self.model, batch, self._scale())
+            if still.backward is not None and not still.failing_forward:
+                lowered = self._floor_that_fits(batch)
+                if lowered is not None:
+                    return lambda: self._set_floor(lowered)
+        initial = self.config.loss_scale.initial_scale
+
+        def reset() -> str:
             self._optimizer.dynamic_scale.assign(initial)
             self._optimizer.step_counter.assign(0)
             return f"loss scale reset to {initial:g}"
-        if found is not None and not found.failing:
-            return "went on (nothing non-finite on the batch: not a precision failure there)"
-        if self.repairs >= 2 and self.config.policy not in PURE_POLICIES \
-                and self.config.policy != "float32":
-            cause.whole_model_float32(self.model)
-            cause.retrace(self.model)
-            self.config = dataclasses.replace(self.config, policy="float32",
-                                              loss_scale=type(self.config.loss_scale)(),
-                                              weight_update="nearest")
-            return "every layer to float32 (last resort)"
-        return "went on from the restored state"
+
+        return reset
+
+    def _floor_that_fits(self, batch) -> float | None:
+        """Gradients overflow float16 even at the floor (a loss in the billions): the largest
+        power-of-two scale below it at which the batch's backward pass is finite, with room."""
+        if not cause.probe(self.model, batch, self._floor).failing:
+            return None  # it passes at the floor: a passing burst, not the floor
+        for exponent in range(1, 17):
+            scale = self._floor / 2.0**exponent
+            if not cause.probe(self.model, batch, scale).failing:
+                return scale / 2.0**_FLOOR_HEADROOM  # one batch's largest is not all batches'
+        return None
+
+    def _set_floor(self, scale: float) -> str:
+        self._floor = scale
+        if hasattr(self._optimizer, "floor"):
+            self._optimizer.floor = scale
+        self._optimizer.dynamic_scale.assign(scale)
+        self._optimizer.step_counter.assign(0)
+        self._retrace()
+        self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
+            self.config.loss_scale, floor=scale))
+        return f"loss scale floor lowered to {scale:g} (gradients overflow float16 at the old floor)"
+
+    def _last_resort_left(self) -> bool:
+        return self.config.policy not in PURE_POLICIES and self.config.policy != "float32"
+
+    def _last_resort(self, why: str) -> str:
+        if self._snapshot is not None:
+            self._snapshot.restore(self.model)
+        cause.whole_model_float32(self.model)
+        self._retrace()
+        self.config = dataclasses.replace(self.config, policy="float32",
+                                          loss_scale=type(self.config.loss_scale)(),
+                                          weight_update="nearest")
+        return f"every layer to float32 (last resort: {why})"
+
+    def _stop(self, seen: str) -> None:
+        """Out of repairs with no last resort: stop the training, cleanly (Keras does not call
+        ``on_train_end`` when a callback raises)."""
+        self.model.stop_training = True
+        message = (f"precision guard: {seen} at epoch {self._epoch + 1} step {self._step} after "
+                   f"{self.repairs} repairs (tried: {'; '.join(self._tried) or 'nothing'}); "
+                   "stopping. Train with guard.config, or in float32.")
+        self._record("gave_up", seen, None, "stopped the training", message)
+        self._close()
+        raise GuardError(message)
+
+    def _close(self) -> None:
+        self._keeper.unwrap()
+        readings.log_to_mlflow(self.history, self.events, self.config)
 
     def _collapsed(self) -> bool:
         """Does the scale sit at its floor needlessly? The batch's backward pass at the initial
@@ -235,27 +409,6 @@ class PrecisionGuard(keras.callbacks.Callback):
             return not cause.probe(self.model, batch, self.config.loss_scale.initial_scale).failing
         finally:
             state.restore(self.model)
-
-    def _lower_floor(self, batch) -> str | None:
-        """Gradients overflow float16 even at the floor (a loss in the billions): find the
-        largest power-of-two scale below it at which the batch's backward pass is finite."""
-        for exponent in range(1, 17):
-            scale = self._floor / 2.0**exponent
-            if not cause.probe(self.model, batch, scale).failing:
-                if not cause.probe(self.model, batch, self._floor).failing:
-                    return None  # it passed at the floor too: a passing burst, not the floor
-                scale /= 2.0**_FLOOR_HEADROOM  # one batch's largest gradient is not all batches'
-                self._floor = scale
-                if hasattr(self._optimizer, "floor"):
-                    self._optimizer.floor = scale
-                self._optimizer.dynamic_scale.assign(scale)
-                self._optimizer.step_counter.assign(0)
-                cause.retrace(self.model)
-                self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
-                    self.config.loss_scale, floor=scale))
-                return (f"loss scale floor lowered to {scale:g} (gradients overflow float16 at "
-                        "the old floor)")
-        return "went on from the restored state (no loss scale down to 2^-16 keeps it finite)"
 
     def _amend(self, layers: tuple[str, ...]) -> None:
         placement = self.config.float32
@@ -275,9 +428,15 @@ class PrecisionGuard(keras.callbacks.Callback):
                   f"[{kind}]; cause: {why}; {action}", file=sys.stderr, flush=True)
 
     # -- reading the training ----------------------------------------------------------------
+    def _retrace(self) -> None:
+        cause.retrace(self.model)
+        self._keeper.rewrap()
+
     def _take_snapshot(self) -> None:
-        self._snapshot = Snapshot(self.model, self._step)
-        self.snapshot_bytes = self._snapshot.nbytes
+        snapshot = Snapshot(self.model, self._step)
+        if snapshot.finite and self._skipped_run == 0:
+            self._snapshot = snapshot
+            self.snapshot_bytes = snapshot.nbytes
 
     def _batch(self):
         batch = self._keeper.batch()

@@ -39,6 +39,10 @@ class Probe:
             or self.backward is not None
 
     @property
+    def failing_forward(self) -> bool:
+        return self.data_non_finite or self.forward is not None or not self.loss_finite
+
+    @property
     def layer(self) -> str | None:
         return self.forward or self.backward
 
@@ -70,7 +74,8 @@ def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
 
     found = Probe()
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    if any(_non_finite(t) for t in tf.nest.flatten(x) if isinstance(t, tf.Tensor)):
+    if any(_non_finite(t) for t in tf.nest.flatten((x, y, sample_weight))
+           if isinstance(t, tf.Tensor)):  # inputs, targets or weights: not a precision fault
         found.data_non_finite = True
         return found
     captured: list[tuple[str, Any, Any]] = []

@@ -1,21 +1,22 @@
 """What the guard keeps to repair a training: a snapshot of the model's variables and the
 optimizer's (loss scale and step counters included) in host memory, and the last training
-batch, kept on the device by the ``train_step`` so that a failure can be diagnosed on the
-batch it happened on.
+batch, so that a failure can be diagnosed on the batch it happened on.
 
 The snapshot costs host memory equal to the model's variables plus the optimizer's: for Adam,
 about three times the float32 weights (the weights and two moments), 12 bytes a parameter.
-Reading variables never changes them, so a healthy training is untouched.
+Reading variables never changes them, so a healthy training is untouched. A snapshot is only
+kept when its values are finite (``Snapshot.finite``): restoring must never bring a broken state back.
 
-The batch is kept in non-trainable ``tf.Variable`` s that the wrapped ``train_step`` assigns
-before it runs the user's: one extra copy of the batch on the device, and the same computation
-otherwise. XLA-compiled steps (``jit_compile=True``) cannot assign a variable whose shape
-changes, so there the guard keeps no batch and diagnoses on ``data=`` if it was given one.
+The batch is kept by wrapping ``model.train_function``, outside the compiled step: the wrapper
+takes the next batch from the iterator ``fit`` hands it, keeps a reference to it (no copy), and
+passes it to Keras's own step function, compiled as Keras compiled it. So it works the same with
+and without XLA (``jit_compile=True``, Keras's default wherever a GPU is visible) and the
+computation is unchanged. A distributed iterator (``tf.distribute``) is passed through as it
+is: there the guard diagnoses on ``data=`` if it was given one.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import keras
@@ -29,6 +30,12 @@ class Snapshot:
         self.step = step
         self._variables = _state_variables(model)
         self._values = [np.array(keras.ops.convert_to_numpy(v)) for v in self._variables]
+
+    @property
+    def finite(self) -> bool:
+        """Every float value finite: only such a snapshot is worth restoring."""
+        return all(np.all(np.isfinite(value)) for value in self._values
+                   if np.issubdtype(value.dtype, np.floating))
 
     @property
     def nbytes(self) -> int:
@@ -46,62 +53,55 @@ def _state_variables(model: keras.Model) -> list:
 
 
 class BatchKeeper:
-    """Keeps the last batch ``train_step`` received, by wrapping it (an instance attribute, as
-    the float32 placements wrap ``call``); ``unwrap`` takes the wrapper off again."""
+    """Keeps the last batch a training step received, by wrapping ``model.train_function``
+    (an attribute ``fit`` reads before every step); ``unwrap`` puts Keras's function back."""
 
     def __init__(self) -> None:
-        self._slots: list = []
-        self._filled = None
-        self._structure: Any = None
+        self._batch: Any = None
         self._model: keras.Model | None = None
+        self._keras_function = None
 
     def wrap(self, model: keras.Model) -> bool:
-        """Wrap ``model.train_step``; False where no batch can be kept (XLA, or already
-        wrapped by another guard)."""
-        if model.jit_compile or getattr(model.train_step, "_precision_guard", False):
+        """Wrap the model's current train function (call again after it is made anew); False
+        where it is already a guard's."""
+        import tensorflow as tf
+
+        keras_function = model.train_function
+        if keras_function is None or getattr(keras_function, "_precision_guard", False):
             return False
-        keras_step = model.train_step
         keeper = self
 
-        @functools.wraps(keras_step)
-        def train_step(data):
-            keeper._keep(data)
-            return keras_step(data)
+        def train_function(iterator):
+            if not isinstance(iterator, tf.data.Iterator):  # distributed: Keras's own way
+                return keras_function(iterator)
+            batches = []
+            for _ in range(max(1, int(model.steps_per_execution))):
+                try:
+                    batches.append(iterator.get_next())
+                except tf.errors.OutOfRangeError:
+                    break
+            if not batches:
+                raise StopIteration  # the end of the data, as fit expects it
+            keeper._batch = batches[-1]
+            # A list is not a tf.data iterator: Keras runs its compiled step on each element.
+            return keras_function(batches)
 
-        train_step._precision_guard = True
-        object.__setattr__(model, "train_step", train_step)
-        self._model = model
+        train_function._precision_guard = True
+        model.train_function = train_function
+        self._model, self._keras_function = model, keras_function
         return True
 
+    def rewrap(self) -> None:
+        """After ``model.make_train_function(force=True)``: wrap the new function."""
+        if self._model is not None:
+            self.wrap(self._model)
+
     def unwrap(self) -> None:
-        if self._model is not None and "train_step" in vars(self._model):
-            object.__delattr__(self._model, "train_step")
-            self._model.train_function = None  # the next fit traces the user's own step
-        self._model = None
-
-    def _keep(self, data) -> None:
-        import tensorflow as tf
-
-        leaves = tf.nest.flatten(data)
-        if not all(isinstance(leaf, tf.Tensor) for leaf in leaves):
-            return  # ragged or sparse parts: no batch to keep
-        if not self._slots:
-            with tf.init_scope():  # created once, outside the traced function
-                self._slots = [tf.Variable(tf.zeros([0] * leaf.shape.rank, leaf.dtype),
-                                           shape=tf.TensorShape(None), trainable=False)
-                               for leaf in leaves]
-                self._filled = tf.Variable(False, trainable=False)
-            self._structure = data
-        if len(self._slots) == len(leaves):
-            for slot, leaf in zip(self._slots, leaves):
-                slot.assign(leaf)
-            self._filled.assign(True)
+        model = self._model
+        if model is not None and getattr(model.train_function, "_precision_guard", False):
+            model.train_function = self._keras_function
+        self._model = self._keras_function = None
 
     def batch(self) -> Any | None:
-        """The last batch as tensors in its own structure, or None before the first step."""
-        import tensorflow as tf
-
-        if not self._slots or not bool(self._filled.numpy()):
-            return None
-        return tf.nest.pack_sequence_as(self._structure,
-                                        [tf.identity(slot) for slot in self._slots])
+        """The last batch in its own structure, or None before the first step."""
+        return self._batch
