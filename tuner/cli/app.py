@@ -96,7 +96,11 @@ def _add_other_commands(commands) -> None:
     train.add_argument("--epochs", type=positive_int, default=30,
                        help="epochs [default: %(default)s]")
     train.add_argument("--against", choices=("float32",),
-                       help="also train in float32 and compare validation losses")
+                       help="also train in float32, compare the losses and judge: exit 1 when "
+                            "the config ends worse than float32 beyond the allowance")
+    train.add_argument("--no-guard", action="store_true",
+                       help="train the config without the precision guard (to see what it "
+                            "saves)")
     train.add_argument("--run-dir", type=Path, default=Path("runs/train"),
                        help="where train.json and guarded_config.json go [default: %(default)s]")
     train.add_argument("--tracking-uri", metavar="URI",

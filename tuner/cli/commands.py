@@ -109,6 +109,6 @@ def spaces(args) -> int:
 def train(args) -> int:
     if not Path(args.task).is_file():
         raise UsageError(f"task file not found: {args.task!r}. Pass the path of a task file.")
-    train_guarded(Path(args.task), args.config, args.epochs, args.against, args.run_dir,
-                  args.tracking_uri)
-    return 0
+    record = train_guarded(Path(args.task), args.config, args.epochs, args.against,
+                           args.run_dir, args.tracking_uri, guard=not args.no_guard)
+    return 1 if record.get("verdict", {}).get("worse") else 0

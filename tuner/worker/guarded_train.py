@@ -1,8 +1,10 @@
 """One whole training of a task under a config with the precision guard (or in float32), run as
 its own process by ``precision-tuner train``: ``python -m tuner.worker.guarded_train TASK
-CONFIG|float32 EPOCHS``. It trains as a user's script does (the public API: ``cfg.scope()``,
-``cfg.wrap_optimizer()``, ``cfg.guard()``), validates every epoch on the task's ``val_data()``
-(without one, on the last 20% of NumPy training data, which it then does not train on), and
+CONFIG|float32 EPOCHS [--no-guard]``. It trains as a user's script does (the public API:
+``cfg.scope()``, ``cfg.wrap_optimizer()``, ``cfg.guard()``), validates every epoch on the
+task's ``val_data()`` (without one, on the last 20% of NumPy training data, which it then does
+not train on; without labels either, it does not validate: the training loss is compared),
+keeps the data's sample weights, and
 writes one JSON line per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``:
 the history, the guard's events and the amended config) on stdout.
 """
@@ -13,7 +15,6 @@ import json
 import sys
 
 from tuner.apply.config import PrecisionConfig
-from tuner.errors import TaskError
 from tuner.worker.task_loader import load_task
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
@@ -22,25 +23,39 @@ EPOCH, DONE = "PT-EPOCH ", "PT-DONE "
 
 
 def _fit_data(task) -> dict:
+    import tensorflow as tf
+
     data = task.train_data()
-    if hasattr(data, "shape"):  # x alone, as model.fit(x) takes it (no labels)
-        data = (data,)
+    if not isinstance(data, tuple) and not hasattr(data, "element_spec"):
+        data = (data,)  # x alone, as model.fit(x) takes it (no labels)
     if not isinstance(data, tuple):  # a tf.data.Dataset, batched by the task
-        if task.val_data is None:
-            raise TaskError("a task whose train_data() is a dataset needs val_data() for a "
-                            "whole training's validation. Define val_data() in the task file.")
-        return {"x": data, "validation_data": task.val_data()}
-    x, y = data[0], data[1] if len(data) > 1 else None
-    fit = {"x": x, "y": y, "batch_size": task.batch_size, "shuffle": False}
+        fit = {"x": data}
+        if task.val_data is not None:
+            fit["validation_data"] = task.val_data()
+        return fit
+    x, y, sample_weight = (list(data) + [None, None])[:3]
+    fit = {"x": x, "y": y, "sample_weight": sample_weight, "batch_size": task.batch_size,
+           "shuffle": False}
     if task.val_data is not None:
         fit["validation_data"] = task.val_data()
     elif y is not None:
-        keep = int(len(y) * 0.8)
-        fit.update(x=x[:keep], y=y[:keep], validation_data=(x[keep:], y[keep:]))
+        rows = len(tf.nest.flatten(x)[0])
+        keep = int(rows * 0.8)
+
+        def head(part):
+            return None if part is None else tf.nest.map_structure(lambda a: a[:keep], part)
+
+        def tail(part):
+            return None if part is None else tf.nest.map_structure(lambda a: a[keep:], part)
+
+        fit.update(x=head(x), y=head(y), sample_weight=head(sample_weight),
+                   validation_data=tuple(part for part in (tail(x), tail(y), tail(sample_weight))
+                                         if part is not None))
     return fit
 
 
-def train(task_path: str, which: str, epochs: int, seed: int = 0) -> dict:
+def train(task_path: str, which: str, epochs: int, guarded: bool = True,
+          seed: int = 0) -> dict:
     import keras
 
     reset_keras_state(seed)
@@ -53,7 +68,7 @@ def train(task_path: str, which: str, epochs: int, seed: int = 0) -> dict:
             figures = {key: float(value) for key, value in (logs or {}).items()}
             print(EPOCH + json.dumps({"epoch": epoch + 1, **figures}), flush=True)
 
-    guard = config.guard() if which != "float32" else None
+    guard = config.guard() if guarded and which != "float32" else None
     with config.scope():
         model = task.build_model()
         compile_for_trial(model, task, config)
@@ -66,5 +81,6 @@ def train(task_path: str, which: str, epochs: int, seed: int = 0) -> dict:
 
 
 if __name__ == "__main__":
-    result = train(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    result = train(sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                   guarded="--no-guard" not in sys.argv[4:])
     print(DONE + json.dumps(result), flush=True)
