@@ -103,6 +103,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
         self._gap_epochs = 0                  # epochs in a row the float32 check was off
         self._found_nothing = 0
+        self._fitted_at, self._fitted = -1, None   # _fitting_scale's answer at a step
         self._tried: list[str] = []
 
     # -- Keras hooks -------------------------------------------------------------------------
@@ -182,7 +183,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         if at_floor and self._floor_steps == self.max_skipped and self._collapsed():
             return "scale_collapsed", (f"loss scale {scale:g} at its floor for "
                                        f"{self._floor_steps} steps, though the batch's gradients "
-                                       f"fit float16 at {self.config.loss_scale.initial_scale:g}")
+                                       f"fit float16 at {self._fitting_scale():g}")
         if self._skipped_run >= self.max_skipped:
             return "skipped_updates", f"{self._skipped_run} updates skipped in a row"
         if loss is not None and self._spikes.is_spike(loss):
@@ -339,7 +340,9 @@ class PrecisionGuard(keras.callbacks.Callback):
                 lowered = self._floor_that_fits(batch)
                 if lowered is not None:
                     return lambda: self._set_floor(lowered)
-        initial = self.config.loss_scale.initial_scale
+        fitting = self._fitting_scale() if kind == "scale_collapsed" else None
+        initial = fitting if fitting is not None and fitting > self._floor \
+            else self.config.loss_scale.initial_scale
 
         def reset() -> str:
             self._optimizer.dynamic_scale.assign(initial)
@@ -399,16 +402,36 @@ class PrecisionGuard(keras.callbacks.Callback):
         readings.log_to_mlflow(self.history, self.events, self.config)
 
     def _collapsed(self) -> bool:
-        """Does the scale sit at its floor needlessly? The batch's backward pass at the initial
-        scale says (on a copy of the state: the probe's training-mode pass moves statistics)."""
+        """Does the scale sit at its floor needlessly? It does if the batch's backward pass is
+        finite at a scale 2^4 above the floor or more (``_fitting_scale``)."""
+        fitting = self._fitting_scale()
+        return fitting is None or fitting >= self._floor * 2.0**_FLOOR_HEADROOM
+
+    def _fitting_scale(self) -> float | None:
+        """The largest power-of-two scale up to the initial one at which the kept batch's
+        backward pass is finite (bisected over the exponents; the probe's training-mode passes
+        run on a copy of the state: they move statistics). None without a batch."""
         batch = self._batch()
         if batch is None:
-            return True
+            return None
+        if self._fitted_at == self._step:
+            return self._fitted
         state = Snapshot(self.model, self._step)
+        low = math.floor(math.log2(self._floor))
+        high = math.floor(math.log2(self.config.loss_scale.initial_scale))
         try:
-            return not cause.probe(self.model, batch, self.config.loss_scale.initial_scale).failing
+            if not cause.probe(self.model, batch, 2.0**high).failing:
+                low = high
+            while high - low > 1:
+                middle = (low + high) // 2
+                if cause.probe(self.model, batch, 2.0**middle).failing:
+                    high = middle
+                else:
+                    low = middle
         finally:
             state.restore(self.model)
+        self._fitted_at, self._fitted = self._step, 2.0**low
+        return self._fitted
 
     def _amend(self, layers: tuple[str, ...]) -> None:
         placement = self.config.float32
