@@ -29,6 +29,7 @@ import tensorflow as tf
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.apply.guard.callback import GuardError
+from tests.guard.test_guard import _digits_model as _healthy_model
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,14 +177,6 @@ def test_the_last_resort_comes_before_guard_error_and_the_wrapper_is_taken_off()
 
 
 # -- a healthy training is untouched, with and without XLA --------------------------------------
-def _healthy_model():
-    inputs = keras.Input(shape=(16,))
-    x = keras.layers.Dense(64, activation="relu")(inputs)
-    x = keras.layers.Dropout(0.2)(x)
-    x = keras.layers.LayerNormalization()(x)
-    return keras.Model(inputs, keras.layers.Dense(1)(x))
-
-
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_a_healthy_mixed_float16_training_is_the_same_bit_for_bit(jit_compile):
     rng = np.random.default_rng(0)

@@ -1,6 +1,8 @@
 """The precision guard: a Keras callback that watches a user's whole training under a config
 and repairs it when 16-bit training fails (``callback``: ``PrecisionGuard``, its checks and its
 repair ladder), the per-step loss and its noise (``watch``), the host-memory snapshot of
-weights and optimizer state and the last training batch kept for diagnosis (``state``), and the
-cause of a failure found on that batch, each repair verified before it is kept (``cause``).
+weights and optimizer state and the last training batch kept for diagnosis (``state``), the
+cause of a failure found on that batch, each repair verified before it is kept (``cause``),
+and each 16-bit layer's output against its float32 computation, which finds the layers that
+fail silently (``fidelity``).
 """

@@ -5,7 +5,8 @@ batch, so that a failure can be diagnosed on the batch it happened on.
 The snapshot costs host memory equal to the model's variables plus the optimizer's: for Adam,
 about three times the float32 weights (the weights and two moments), 12 bytes a parameter.
 Reading variables never changes them, so a healthy training is untouched. A snapshot is only
-kept when its values are finite (``Snapshot.finite``): restoring must never bring a broken state back.
+kept when its values are finite (``Snapshot.finite``): restoring must never bring a broken
+state back.
 
 The batch is kept by wrapping ``model.train_function``, outside the compiled step: the wrapper
 takes the next batch from the iterator ``fit`` hands it, keeps a reference to it (no copy), and
