@@ -5,9 +5,10 @@ failing batch and repairs them, then lets the training go on.
 Checks, after every step: a non-finite loss; a run of skipped updates (the optimizer's
 iterations not advancing under a loss scale); a dynamic loss scale at its floor; a loss far
 above its recent level (``watch.SpikeWatch``). Every ``check_every`` steps and at each epoch's
-end: each 16-bit layer's output against the same layer computed in float32 on the kept batch
-(``fidelity``: a finite, wrong output that no NaN ever shows), a layer beyond any rounding at
-two checks in a row is a failure. After every epoch: a non-finite validation loss, and
+end, spaced to take at most ``CHECK_BUDGET`` of the training's time: each 16-bit layer's
+output against the same layer computed in float32 on the kept batch (``fidelity``: a finite,
+wrong output that no NaN ever shows); a layer broken on half the batch, or beyond any rounding
+at two checks in a row, is a failure. After every epoch: a non-finite validation loss, and
 (``float32_check=``, off by default: it costs two evaluations) the same weights evaluated with
 every layer in float32; a gap beyond ``FLOAT32_GAP`` two epochs running is a failure.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Any
 
 import keras
@@ -46,6 +48,9 @@ from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
 __all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
 
 
+# The share of training time the per-layer float32 comparison may take (checks are spaced
+# out to keep within it).
+CHECK_BUDGET = 0.02
 # The float32 check's gap (as-is loss against all-float32 loss, either way round) that counts
 # as a failure when it holds two epochs running: the confirmation's level allowance (25%).
 FLOAT32_GAP = 1.25
@@ -95,6 +100,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._skipped_epoch = 0
         self._floor_steps = 0
         self._last_check = 0
+        self._last_check_time = 0.0
+        self._check_seconds = 0.0   # what the last comparison took
         self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
         self._gap_epochs = 0                  # epochs in a row the float32 check was off
         self._found_nothing = 0
@@ -107,6 +114,10 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         readings.refuse_several_optimizers(model)
         self._keeper.wrap(model)  # fit made its train function before calling us
         self._optimizer = model.optimizer
+        if not self._optimizer.built and model.built and model.trainable_variables:
+            # As Keras builds it for a model it builds itself: the first snapshot then holds the
+            # optimizer's state too (else the snapshot after the first step does).
+            self._optimizer.build(model.trainable_variables)
         self._tracker = readings.loss_tracker(model)
         self._floor = float(getattr(self._optimizer, "floor", self.config.loss_scale.floor))
         self._iterations = readings.iterations(self.model)
@@ -134,12 +145,12 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._skipped_run = self._skipped_run + skipped if skipped else 0
         loss = self._step_loss(logs)
         kind, seen = self._check_step(loss)
-        if kind is None and self.check_every is not None \
-                and self._step - self._last_check >= self.check_every:
+        if kind is None and self._check_due(at_epoch_end=False):
             kind, seen = self._check_layers()
         if kind is not None:
             self._trip(kind, seen)
-        elif self._step - (self._snapshot.step if self._snapshot else 0) >= self.snapshot_every:
+        elif self._snapshot is None or not self._snapshot.complete \
+                or self._step - self._snapshot.step >= self.snapshot_every:
             self._take_snapshot()
 
     def on_epoch_end(self, epoch, logs=None) -> None:
@@ -160,7 +171,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             if kind is not None:
                 self._trip(kind, seen)
                 return
-        if self.check_every is not None and self._step > self._last_check:
+        if self._check_due(at_epoch_end=True):
             kind, seen = self._check_layers()
             if kind is not None:
                 self._trip(kind, seen)
@@ -186,10 +197,27 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
                                   f"{self._spikes.threshold():.4g}")
         return None, ""
 
+    def _check_due(self, at_epoch_end: bool) -> bool:
+        """Every ``check_every`` steps and at each epoch's end, within the cost budget: the
+        comparison never takes more than ``CHECK_BUDGET`` of the time since the last one (a
+        tiny model's epochs last less than a check)."""
+        if self.check_every is None or self._step == self._last_check:
+            return False
+        if time.perf_counter() - self._last_check_time < self._check_seconds / CHECK_BUDGET:
+            return False
+        return at_epoch_end or self._step - self._last_check >= self.check_every
+
     def _check_layers(self) -> tuple[str | None, str]:
-        """The per-layer float32 comparison on the kept batch: a layer beyond any rounding at
-        two checks in a row is a silent failure."""
-        self._last_check = self._step
+        """The per-layer float32 comparison on the kept batch: a layer broken on at least half
+        the batch, or beyond any rounding at two checks in a row, is a silent failure."""
+        started = time.perf_counter()
+        try:
+            return self._compare_layers()
+        finally:
+            self._last_check, self._last_check_time = self._step, time.perf_counter()
+            self._check_seconds = self._last_check_time - started
+
+    def _compare_layers(self) -> tuple[str | None, str]:
         batch = self._batch()
         if batch is None or self.config.compute_dtype == "float32":
             return None, ""
@@ -197,7 +225,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         found = [item for item in fidelity.compare_layers(self.model, x)
                  if item.layer not in self.config.float32.layers]
         self._suspects = {item.layer: self._suspects.get(item.layer, 0) + 1 for item in found}
-        lasting = [item for item in found if self._suspects[item.layer] >= 2]
+        lasting = [item for item in found
+                   if item.broken >= 0.5 or self._suspects[item.layer] >= 2]
         if not lasting:
             return None, ""
         return "silent_layer", "; ".join(item.describe() for item in lasting)

@@ -69,13 +69,20 @@ def _non_finite(tensor) -> bool:
                 and not tf.reduce_all(tf.math.is_finite(tensor)).numpy())
 
 
+def data_non_finite(batch: Any) -> bool:
+    """NaN or inf in the batch's inputs, targets or sample weights: a data fault, not a
+    precision one."""
+    import tensorflow as tf
+
+    return any(_non_finite(t) for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor))
+
+
 def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
     import tensorflow as tf
 
     found = Probe()
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    if any(_non_finite(t) for t in tf.nest.flatten((x, y, sample_weight))
-           if isinstance(t, tf.Tensor)):  # inputs, targets or weights: not a precision fault
+    if data_non_finite(batch):
         found.data_non_finite = True
         return found
     captured: list[tuple[str, Any, Any]] = []

@@ -32,6 +32,12 @@ class Repairs:
     def _trip(self, kind: str, seen: str) -> None:
         model, batch = self.model, self._batch()
         restored = self._snapshot.step if self._snapshot else None
+        if batch is not None and cause.data_non_finite(batch):
+            if self._snapshot is not None:  # a data fault: it spends no precision repair
+                self._snapshot.restore(model)
+            self._finish_trip(kind, seen, None, "skipped a batch holding NaN/inf (not precision)",
+                              "the batch itself holds NaN or inf", restored)
+            return
         if self.repairs >= self.max_repairs:
             if not self._last_resort_left():
                 self._stop(seen)
@@ -39,15 +45,13 @@ class Repairs:
             self._finish_trip(kind, seen, None, action, "out of repairs", restored)
             return
         self.repairs += 1
-        if readings.non_finite_weights(model) and self._snapshot is not None:
+        broken = readings.non_finite_weights(model)
+        if broken and self._snapshot is not None:
             self._snapshot.restore(model)  # diagnose on the state that was still good
         found = cause.probe(model, batch, self._scale()) if batch is not None else None
-        if found is not None and found.data_non_finite:
-            if self._snapshot is not None:
-                self._snapshot.restore(model)
-            action = "skipped a batch holding NaN/inf (not precision)"
-            self._finish_trip(kind, seen, None, action, found.describe(), restored)
-            return
+        if found is not None and found.backward and not found.failing_forward \
+                and self._dynamic() and self._scale() > self._floor:
+            found = cause.probe(model, batch, self._floor)  # above it, the scale backs off
         layers, actions = self._repair_layers(kind, found, batch)
         scale_action = self._repair_scale(kind, batch)
         if self._snapshot is not None:
@@ -60,6 +64,12 @@ class Repairs:
             self._found_nothing += 1
             if self._found_nothing >= 2 and self._last_resort_left():
                 actions.append(self._last_resort("the failure came back with nothing to repair"))
+            elif found is not None and not found.failing and broken:
+                actions.append("went on (every layer's forward and backward pass is finite on "
+                               "the batch, yet the update made weights non-finite: the "
+                               "optimizer's step or state overflowed; under a pure policy, "
+                               "try a larger optimizer epsilon or keep the optimizer state in "
+                               "float32)")
             elif found is not None and not found.failing and kind != "silent_layer":
                 actions.append("went on (nothing non-finite on the batch: not a precision "
                                "failure there)")
@@ -102,7 +112,7 @@ class Repairs:
                             "builds it in float32 next time"]
         moved, actions = [], []
         scale = self._scale()
-        backward_is_the_scales = self._dynamic() and kind in SCALE_KINDS
+        backward_is_the_scales = self._scaled() and kind in SCALE_KINDS
         while found.failing and found.layer and found.layer not in moved:
             if found.forward is None and backward_is_the_scales:
                 break  # gradients overflowing at the floor: the floor's to lower first
@@ -137,15 +147,22 @@ class Repairs:
 
     def _repair_scale(self, kind: str, batch):
         """What to do to the loss scale, decided on the failing state and done after the
-        restore (which puts the snapshot's scale back): a callable, or None."""
-        if not self._dynamic() or kind not in SCALE_KINDS:
+        restore (which puts the snapshot's scale back): a callable, or None. Gradients that
+        overflow even at a dynamic scale's floor lower the floor; a fixed scale they overflow
+        at is lowered; a dynamic scale otherwise restarts (a collapsed one at the largest scale
+        the batch fits)."""
+        if not self._scaled() or kind not in SCALE_KINDS:
             return None
+        fixed = not self._dynamic()
         if batch is not None and kind != "scale_collapsed":
-            still = cause.probe(self.model, batch, self._scale())
+            ceiling = self._scale() if fixed else self._floor
+            still = cause.probe(self.model, batch, ceiling)
             if still.backward is not None and not still.failing_forward:
-                lowered = self._floor_that_fits(batch)
+                lowered = self._scale_below(batch, ceiling)
                 if lowered is not None:
-                    return lambda: self._set_floor(lowered)
+                    return lambda: self._set_scale(lowered, fixed)
+        if fixed:
+            return None
         fitting = self._fitting_scale() if kind == "scale_collapsed" else None
         initial = fitting if fitting is not None and fitting > self._floor \
             else self.config.loss_scale.initial_scale
@@ -157,26 +174,46 @@ class Repairs:
 
         return reset
 
-    def _floor_that_fits(self, batch) -> float | None:
-        """Gradients overflow float16 even at the floor (a loss in the billions): the largest
-        power-of-two scale below it at which the batch's backward pass is finite, with room."""
-        if not cause.probe(self.model, batch, self._floor).failing:
-            return None  # it passes at the floor: a passing burst, not the floor
-        for exponent in range(1, 17):
-            scale = self._floor / 2.0**exponent
-            if not cause.probe(self.model, batch, scale).failing:
-                return scale / 2.0**_FLOOR_HEADROOM  # one batch's largest is not all batches'
-        return None
+    def _scale_below(self, batch, ceiling: float) -> float | None:
+        """Gradients overflow float16 at ``ceiling`` (a loss in the billions): the largest
+        power-of-two scale below it, down to 2^-30 of it, at which the batch's backward pass
+        is finite, with room (one batch's largest gradient is not all batches')."""
+        high = math.floor(math.log2(ceiling)) - 1
+        fitting = self._largest_fitting(batch, high - 30, high)
+        return None if fitting is None else fitting / 2.0**_FLOOR_HEADROOM
 
-    def _set_floor(self, scale: float) -> str:
+    def _largest_fitting(self, batch, low: int, high: int) -> float | None:
+        """The largest ``2^e`` for ``low <= e <= high`` at which the batch's backward pass is
+        finite (bisected: a scale that overflows overflows above too), None if none is."""
+        if cause.probe(self.model, batch, 2.0**low).failing:
+            return None
+        if not cause.probe(self.model, batch, 2.0**high).failing:
+            return 2.0**high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if cause.probe(self.model, batch, 2.0**middle).failing:
+                high = middle
+            else:
+                low = middle
+        return 2.0**low
+
+    def _set_scale(self, scale: float, fixed: bool) -> str:
+        """A fixed scale to ``scale``; a dynamic one's floor to ``scale`` and the scale itself
+        to where the batch fits (the headroom above the floor)."""
+        self._optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**_FLOOR_HEADROOM)
+        self._optimizer.step_counter.assign(0)
+        loss_scale = self.config.loss_scale
+        if fixed:
+            self._optimizer.initial_scale = scale
+            self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
+                loss_scale, value=scale))
+            return f"fixed loss scale lowered to {scale:g} (gradients overflow float16 at it)"
         self._floor = scale
         if hasattr(self._optimizer, "floor"):
             self._optimizer.floor = scale
-        self._optimizer.dynamic_scale.assign(scale)
-        self._optimizer.step_counter.assign(0)
-        self._retrace()
+        self._retrace()  # the floor is a constant in the traced step
         self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
-            self.config.loss_scale, floor=scale))
+            loss_scale, floor=scale))
         return (f"loss scale floor lowered to {scale:g} (gradients overflow float16 at the old "
                 "floor)")
 
@@ -215,29 +252,21 @@ class Repairs:
         return fitting is None or fitting >= self._floor * 2.0**_FLOOR_HEADROOM
 
     def _fitting_scale(self) -> float | None:
-        """The largest power-of-two scale up to the initial one at which the kept batch's
-        backward pass is finite (bisected over the exponents; the probe's training-mode passes
-        run on a copy of the state: they move statistics). None without a batch."""
+        """The largest power-of-two scale from the floor up to the initial one at which the
+        kept batch's backward pass is finite (on a copy of the state: the probe's
+        training-mode passes move statistics). None without a batch."""
         batch = self._batch()
         if batch is None:
             return None
-        if self._fitted_at == self._step:
-            return self._fitted
-        state = Snapshot(self.model, self._step)
-        low = math.floor(math.log2(self._floor))
-        high = math.floor(math.log2(self.config.loss_scale.initial_scale))
-        try:
-            if not cause.probe(self.model, batch, 2.0**high).failing:
-                low = high
-            while high - low > 1:
-                middle = (low + high) // 2
-                if cause.probe(self.model, batch, 2.0**middle).failing:
-                    high = middle
-                else:
-                    low = middle
-        finally:
-            state.restore(self.model)
-        self._fitted_at, self._fitted = self._step, 2.0**low
+        if self._fitted_at != self._step:
+            state = Snapshot(self.model, self._step)
+            try:
+                fitting = self._largest_fitting(
+                    batch, math.floor(math.log2(self._floor)),
+                    math.floor(math.log2(self.config.loss_scale.initial_scale)))
+            finally:
+                state.restore(self.model)
+            self._fitted_at, self._fitted = self._step, fitting or self._floor
         return self._fitted
 
     def _amend(self, layers: tuple[str, ...]) -> None:

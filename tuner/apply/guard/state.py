@@ -29,6 +29,8 @@ class Snapshot:
 
     def __init__(self, model: keras.Model, step: int) -> None:
         self.step = step
+        optimizer = getattr(model, "optimizer", None)
+        self.complete = optimizer is None or optimizer.built  # the optimizer's state is in it
         self._variables = _state_variables(model)
         self._values = [np.array(keras.ops.convert_to_numpy(v)) for v in self._variables]
 
