@@ -119,7 +119,9 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             # optimizer's state too (else the snapshot after the first step does).
             self._optimizer.build(model.trainable_variables)
         self._tracker = readings.loss_tracker(model)
-        self._floor = float(getattr(self._optimizer, "floor", self.config.loss_scale.floor))
+        # Keras's own LossScaleOptimizer has no floor: its scale backs off as far as needed.
+        self._floor = float(getattr(self._optimizer, "floor", 2.0**-24 if self._scaled()
+                                    else self.config.loss_scale.floor))
         self._iterations = readings.iterations(self.model)
         self._take_snapshot()
 

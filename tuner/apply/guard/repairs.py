@@ -16,10 +16,16 @@ import keras
 from tuner.apply.config import PURE_POLICIES
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.state import Snapshot
+from tuner.apply.layers import layer_paths
 from tuner.errors import TunerError
 
 _FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch fits
 SCALE_KINDS = ("scale_at_floor", "scale_collapsed", "skipped_updates")
+
+
+def _sixteen_bit(model: keras.Model) -> int:
+    return sum(1 for layer, _ in layer_paths(model)
+               if layer.compute_dtype in ("float16", "bfloat16") and layer.weights)
 
 
 class GuardError(TunerError):
@@ -110,12 +116,11 @@ class Repairs:
             return layers, [f"cannot move {', '.join(layers)} to float32 mid-training under "
                             f"pure {self.config.policy} (its weights are 16-bit): guard.config "
                             "builds it in float32 next time"]
-        moved, actions = [], []
-        scale = self._scale()
-        backward_is_the_scales = self._scaled() and kind in SCALE_KINDS
+        moved, actions, backward = [], [], []
+        # Probed where the scale cannot go lower: a dynamic scale above its floor backs off by
+        # itself, so only a backward pass that overflows at the floor is a layer's fault.
+        scale = self._floor if self._dynamic() else self._scale()
         while found.failing and found.layer and found.layer not in moved:
-            if found.forward is None and backward_is_the_scales:
-                break  # gradients overflowing at the floor: the floor's to lower first
             changed = cause.place_in_float32(self.model, self.config, found.layer)
             if not changed:
                 break
@@ -124,26 +129,41 @@ class Repairs:
                 cause.undo(changed)
                 break
             moved.append(found.layer)
+            if found.forward is None:
+                backward.append((found.layer, changed))
             found = again
-        disagreeing = [item.layer for item in fidelity.compare_layers(self.model, x)
-                       if item.layer not in moved and item.layer not in self.config.float32.layers]
-        if disagreeing:
-            before = fidelity.output_gap(self.model, x)
-            changed = [pair for name in disagreeing
-                       for pair in cause.place_in_float32(self.model, self.config, name)]
-            after = fidelity.output_gap(self.model, x)
-            if changed and after < 0.9 * before:
-                moved += disagreeing
-            else:
+        if backward and (found.backward is not None
+                         or 2 * len(backward) > _sixteen_bit(self.model)):
+            # Moving layers did not make the gradients fit, or only by moving most of the
+            # model: the loss scale is to change instead (``_repair_scale``).
+            for layer, changed in backward:
                 cause.undo(changed)
-                actions.append(f"{', '.join(disagreeing)} disagree with float32 but moving "
-                               f"them did not bring the model's output closer "
-                               f"({before:.3g} -> {after:.3g}): left as they were")
+                moved.remove(layer)
+        moved += self._move_disagreeing(x, moved, actions)
         if moved:
             self._amend(tuple(moved))
             self._retrace()
             actions.insert(0, f"moved {', '.join(moved)} to float32")
         return moved, actions
+
+    def _move_disagreeing(self, x, moved: list[str], actions: list[str]) -> list[str]:
+        """The layers whose output disagrees with float32 beyond any rounding, moved together
+        and kept only if the model's output comes closer to float32's."""
+        disagreeing = [item.layer for item in fidelity.compare_layers(self.model, x)
+                       if item.layer not in moved and item.layer not in self.config.float32.layers]
+        if not disagreeing:
+            return []
+        before = fidelity.output_gap(self.model, x)
+        changed = [pair for name in disagreeing
+                   for pair in cause.place_in_float32(self.model, self.config, name)]
+        after = fidelity.output_gap(self.model, x)
+        if changed and after < 0.9 * before:
+            return disagreeing
+        cause.undo(changed)
+        actions.append(f"{', '.join(disagreeing)} disagree with float32 but moving them did "
+                       f"not bring the model's output closer ({before:.3g} -> {after:.3g}): "
+                       "left as they were")
+        return []
 
     def _repair_scale(self, kind: str, batch):
         """What to do to the loss scale, decided on the failing state and done after the
