@@ -12,7 +12,6 @@ training without the guard (the failure shows there), each asserting the outcome
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import tensorflow as tf
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.apply.guard.callback import GuardError
+from tests.guard.test_guard import _train
+from tests.guard.test_repairs import _fit as _fit_task, _task
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,18 +38,13 @@ def _regression(rows=1024, seed=0):
 
 
 def _fit(config, layer, data, *, guard, optimizer, epochs=3, validation=None, **options):
-    keras.utils.set_random_seed(0)
-    keras.backend.clear_session()
-    with config.scope():
+    def build():
         inputs = keras.Input(shape=(16,))
         x = layer(keras.layers.Dense(32, activation="relu")(inputs))
-        model = keras.Model(inputs, keras.layers.Dense(1)(x))
-    model.compile(optimizer=config.wrap_optimizer(optimizer), loss="mse",
-                  **config.compile_kwargs())
-    watcher = config.guard(verbose=0, **options) if guard else None
-    history = model.fit(*data, batch_size=32, epochs=epochs, shuffle=False, verbose=0,
-                        validation_data=validation, callbacks=[watcher] if watcher else [])
-    return model, history.history, watcher
+        return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+    return _train(config, build, data, epochs=epochs, guard=guard, optimizer=optimizer,
+                  batch_size=32, validation=validation, verbose=0, **options)
 
 
 _SPIKE_CALLS = tf.Variable(0, trainable=False)  # outside the model: a restore does not replay it
@@ -115,23 +111,11 @@ def test_a_non_finite_validation_loss_is_undone(guard):
 
 
 def test_a_fixed_scale_every_gradient_overflows_at_is_lowered():
-    spec = importlib.util.spec_from_file_location("houses", ROOT / "examples" / "house_prices.py")
-    task = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(task)
+    task = _task(ROOT / "examples" / "house_prices.py")
     config = PrecisionConfig(policy="mixed_float16",
                              loss_scale=LossScale("fixed", value=2.0**15))
-    runs = {}
-    for guard in (False, True):
-        keras.utils.set_random_seed(0)
-        keras.backend.clear_session()
-        with config.scope():
-            model = task.build_model()
-        model.compile(optimizer=config.wrap_optimizer(task.make_optimizer()), loss="mse",
-                      **config.compile_kwargs())
-        watcher = config.guard(verbose=0) if guard else None
-        history = model.fit(*task.train_data(), batch_size=128, epochs=3, shuffle=False,
-                            verbose=0, callbacks=[watcher] if watcher else [])
-        runs[guard] = model, history.history["loss"], watcher
+    runs = {guard: _fit_task(task, config, epochs=3, guard=guard, verbose=0)
+            for guard in (False, True)}
     unguarded, guarded = runs[False][1], runs[True][1]
     assert int(runs[False][0].optimizer.iterations.numpy()) == 0  # every update skipped
     watcher = runs[True][2]
@@ -163,25 +147,9 @@ def test_pure_float16_records_the_layers_for_next_time_and_stops_without_a_last_
     records them in guard.config. This model's Adam state then overflows float16 (every
     layer's forward and backward finite, the update not): no layer repair exists, and under a
     pure policy there is no last resort, so the guard stops with GuardError, cleanly."""
-    spec = importlib.util.spec_from_file_location("silent", ROOT / "tests" / "tasks" /
-                                                  "silent_norm.py")
-    task = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(task)
+    task = _task(ROOT / "tests" / "tasks" / "silent_norm.py")
     config = PrecisionConfig(policy="float16", loss_scale=LossScale("dynamic", floor=1e-6))
-
-    def fit(cfg, guard):
-        keras.utils.set_random_seed(0)
-        keras.backend.clear_session()
-        with cfg.scope():
-            model = task.build_model()
-        model.compile(optimizer=cfg.wrap_optimizer(task.make_optimizer()), loss="mse",
-                      **cfg.compile_kwargs())
-        watcher = cfg.guard(verbose=0) if guard else None
-        history = model.fit(*task.train_data(), batch_size=64, epochs=3, shuffle=False,
-                            verbose=0, callbacks=[watcher] if watcher else [])
-        return model, history.history["loss"], watcher
-
-    _, unguarded, _ = fit(config, False)
+    _, unguarded, _ = _fit_task(task, config, epochs=3, guard=False)
     assert not math.isfinite(unguarded[-1])
     guard = config.guard(verbose=0)
     keras.utils.set_random_seed(0)

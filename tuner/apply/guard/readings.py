@@ -25,8 +25,8 @@ def refuse_several_optimizers(model: keras.Model) -> None:
     if own:
         raise UsageError(f"precision guard: {type(model).__name__} trains with optimizers of its "
                          f"own ({', '.join(own)}), and the guard watches model.optimizer alone. "
-                         "Train it without the guard (the tuner's confirmation judged the "
-                         "config over a longer run).")
+                         "Train it without the guard (precision-tuner train --no-guard "
+                         "compares it with float32 over the whole training).")
 
 
 def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:
