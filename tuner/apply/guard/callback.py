@@ -12,11 +12,12 @@ at two checks in a row, is a failure. After every epoch: a non-finite validation
 (``float32_check=``, off by default: it costs two evaluations) the same weights evaluated with
 every layer in float32; a gap beyond ``FLOAT32_GAP`` two epochs running is a failure.
 
-A repair is one trip, sized by what the failing batch shows: restore the last snapshot; move
-every layer whose output is non-finite, every layer whose backward pass overflows where no
-loss scale helps, and every layer that disagrees with float32, each verified on the batch
-(``cause``, ``fidelity``); lower the loss-scale floor where gradients overflow even at it, or
-reset a scale that sat at its floor. When ``max_repairs`` trips are spent, or a failure shows
+A repair is one trip, sized by what the failing batch shows (``repairs``): restore the last
+snapshot; move every layer whose output is non-finite, every layer that disagrees with
+float32, and every layer whose backward pass overflows even at the loss scale's floor (unless
+that would take most of the model), each verified on the batch (``cause``, ``fidelity``);
+lower the floor (or a fixed scale) where gradients still overflow at it, or reset a scale that
+sat at its floor needlessly. When ``max_repairs`` trips are spent, or a failure shows
 nothing to repair twice, the last resort under mixed policies is every layer in float32; only
 after it (or under pure 16-bit policies, where it does not exist) does the guard stop the
 training with ``GuardError``. Under pure 16-bit policies (16-bit weights) a layer cannot move to

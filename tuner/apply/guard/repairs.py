@@ -1,9 +1,10 @@
 """The guard's repairs (a mixin of ``PrecisionGuard``, which holds the state they read: the
 model, the config, the kept batch, the snapshot, the optimizer): one trip sized by what the
 failing batch shows (``_trip``: every layer whose output is non-finite, disagrees with float32,
-or whose backward pass overflows where no loss scale helps, moved to float32 and verified; the
-floor lowered where gradients overflow even at it, or a collapsed scale reset to the largest the
-batch fits), the last resort (every layer in float32), and ``GuardError`` after it.
+or whose backward pass overflows even at the loss scale's floor, moved to float32 and verified;
+the floor, or a fixed scale, lowered where gradients still overflow at it, or where moving
+layers would take most of the model; a collapsed scale reset to the largest the batch fits),
+the last resort (every layer in float32), and ``GuardError`` after it.
 """
 
 from __future__ import annotations
