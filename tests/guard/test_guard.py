@@ -102,11 +102,15 @@ class Flaky(keras.layers.Layer):
         return inputs + tf.where(tf.equal(_CALLS, 40), poison, tf.zeros_like(inputs))
 
 
-def _flaky_model():
+def around(layer: keras.layers.Layer) -> keras.Model:
+    """A small regressor with ``layer`` between its two Dense layers."""
     inputs = keras.Input(shape=(16,))
-    x = keras.layers.Dense(32, activation="relu")(inputs)
-    x = Flaky()(x)
+    x = layer(keras.layers.Dense(32, activation="relu")(inputs))
     return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+def _flaky_model():
+    return around(Flaky())
 
 
 def _regression(rows=2048, seed=0):
@@ -157,10 +161,7 @@ class Bursty(keras.layers.Layer):
 
 
 def _bursty_model():
-    inputs = keras.Input(shape=(16,))
-    x = keras.layers.Dense(32, activation="relu")(inputs)
-    x = Bursty()(x)
-    return keras.Model(inputs, keras.layers.Dense(1)(x))
+    return around(Bursty())
 
 
 @pytest.mark.parametrize("guard", [False, True])

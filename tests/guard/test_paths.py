@@ -23,7 +23,7 @@ import tensorflow as tf
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.apply.guard.callback import GuardError
-from tests.guard.test_guard import _train
+from tests.guard.test_guard import _train, around
 from tests.guard.test_repairs import _fit as _fit_task, _task
 
 pytestmark = pytest.mark.slow
@@ -38,13 +38,9 @@ def _regression(rows=1024, seed=0):
 
 
 def _fit(config, layer, data, *, guard, optimizer, epochs=3, validation=None, **options):
-    def build():
-        inputs = keras.Input(shape=(16,))
-        x = layer(keras.layers.Dense(32, activation="relu")(inputs))
-        return keras.Model(inputs, keras.layers.Dense(1)(x))
-
-    return _train(config, build, data, epochs=epochs, guard=guard, optimizer=optimizer,
-                  batch_size=32, validation=validation, verbose=0, **options)
+    return _train(config, lambda: around(layer), data, epochs=epochs, guard=guard,
+                  optimizer=optimizer, batch_size=32, validation=validation, verbose=0,
+                  **options)
 
 
 _SPIKE_CALLS = tf.Variable(0, trainable=False)  # outside the model: a restore does not replay it

@@ -15,7 +15,7 @@ import json
 import sys
 
 from tuner.apply.config import PrecisionConfig
-from tuner.worker.task_loader import load_task
+from tuner.worker.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
 
@@ -23,8 +23,6 @@ EPOCH, DONE = "PT-EPOCH ", "PT-DONE "
 
 
 def _fit_data(task) -> dict:
-    import tensorflow as tf
-
     data = task.train_data()
     if not isinstance(data, tuple) and not hasattr(data, "element_spec"):
         data = (data,)  # x alone, as model.fit(x) takes it (no labels)
@@ -38,19 +36,13 @@ def _fit_data(task) -> dict:
            "shuffle": False}
     if task.val_data is not None:
         fit["validation_data"] = task.val_data()
-    elif y is not None:
-        rows = len(tf.nest.flatten(x)[0])
-        keep = int(rows * 0.8)
-
-        def head(part):
-            return None if part is None else tf.nest.map_structure(lambda a: a[:keep], part)
-
-        def tail(part):
-            return None if part is None else tf.nest.map_structure(lambda a: a[keep:], part)
-
-        fit.update(x=head(x), y=head(y), sample_weight=head(sample_weight),
-                   validation_data=tuple(part for part in (tail(x), tail(y), tail(sample_weight))
-                                         if part is not None))
+    elif y is not None:  # the share the tuner's trials hold back too
+        parts = [part for part in (x, y, sample_weight) if part is not None]
+        keep = int(sample_count(parts) * (1 - HELD_BACK_SHARE))
+        trained = rows(parts, 0, keep)
+        fit.update(x=trained[0], y=trained[1],
+                   sample_weight=trained[2] if sample_weight is not None else None,
+                   validation_data=rows(parts, keep, None))
     return fit
 
 

@@ -266,38 +266,41 @@ def _array_parts(task: Task, data, source: str = "train_data()") -> list:
     return parts
 
 
-def _rows(parts: list, start: int, stop: int) -> tuple:
+def rows(parts: list, start: int, stop: int) -> tuple:
+    """Rows ``start:stop`` of every part (``[x, y]`` or ``[x, y, sample_weight]``, nested x
+    included)."""
     import tensorflow as tf
 
     return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[start:stop], p) for p in parts)
 
 
-def _samples(parts: list) -> int:
+def sample_count(parts: list) -> int:
+    """The parts' one number of rows."""
     return next(iter(_leading_dims(parts)))
 
 
 def _validation_split(parts: list, batch_size: int) -> list[tuple]:
     """At most ``VAL_BATCHES`` equal batches of at most ``batch_size`` samples from ``parts``."""
-    samples = _samples(parts)
+    samples = sample_count(parts)
     size = min(batch_size, samples // VAL_BATCHES) or 1
     count = min(VAL_BATCHES, samples // size)
-    return [_rows(parts, index * size, (index + 1) * size) for index in range(count)] \
+    return [rows(parts, index * size, (index + 1) * size) for index in range(count)] \
         if count >= 2 else []
 
 
 def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]]:
     parts = _array_parts(task, data)
-    samples = _samples(parts)
+    samples = sample_count(parts)
     held: list[tuple] = []
     if task.val_data is None and samples >= 2 * task.batch_size:
         train = samples - max(2, int(samples * HELD_BACK_SHARE))
-        held = _validation_split(list(_rows(parts, train, samples)), task.batch_size)
+        held = _validation_split(list(rows(parts, train, samples)), task.batch_size)
         samples = train
     per_epoch = samples // task.batch_size
     if per_epoch == 0:
         raise TaskError(f"train_data() in {task.path.name} has {samples} samples, fewer than "
                         f"BATCH_SIZE={task.batch_size}. Lower BATCH_SIZE or provide more data.")
-    batches = [_rows(parts, index * task.batch_size, (index + 1) * task.batch_size)
+    batches = [rows(parts, index * task.batch_size, (index + 1) * task.batch_size)
                for index in range(min(steps, per_epoch))]
     return batches, held
 

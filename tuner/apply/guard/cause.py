@@ -13,8 +13,9 @@ raw 16-bit ops still gets its own dtype back.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import keras
 
@@ -165,6 +166,17 @@ def whole_model_float32(model: keras.Model) -> list:
 def undo(changed: list) -> None:
     for member, policy in changed:
         member.dtype_policy = policy
+
+
+@contextlib.contextmanager
+def computing_in_float32(root: keras.layers.Layer) -> Iterator[None]:
+    """``root`` and every layer inside it compute in float32 within the block (for a
+    comparison), as they were after it."""
+    changed = whole_model_float32(root)
+    try:
+        yield
+    finally:
+        undo(changed)
 
 
 def retrace(model: keras.Model) -> None:

@@ -25,11 +25,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from tuner.apply.guard.cause import undo, whole_model_float32
+from tuner.apply.guard.cause import computing_in_float32
 from tuner.apply.layers import call_path, hook_layer_calls, layer_paths
 
 BROKEN = 0.5          # a sample's relative disagreement that no 16-bit rounding explains
-_SIXTEEN_BIT = ("float16", "bfloat16")
+SIXTEEN_BIT = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def compare_layers(model: keras.Model, x: Any) -> list[Disagreement]:
     pending: list[tuple[keras.layers.Layer, str, tuple, dict] | None] = []
 
     def before(layer, args, kwargs) -> None:
-        watched = not isinstance(layer, keras.Model) and layer.compute_dtype in _SIXTEEN_BIT
+        watched = not isinstance(layer, keras.Model) and layer.compute_dtype in SIXTEEN_BIT
         pending.append((layer, call_path(layer), args, dict(kwargs)) if watched else None)
 
     def after(layer, output) -> None:
@@ -85,11 +85,8 @@ def output_gap(model: keras.Model, x: Any) -> float:
     import tensorflow as tf
 
     as_is = model(x, training=False)
-    changed = whole_model_float32(model)
-    try:
+    with computing_in_float32(model):
         in_float32 = model(x, training=False)
-    finally:
-        undo(changed)
     return _disagreement(tf.nest.flatten(as_is), tf.nest.flatten(in_float32))[2]
 
 
@@ -101,21 +98,18 @@ def _in_float32(layer: keras.layers.Layer, args: tuple, kwargs: dict):
             return tf.cast(value, tf.float32)
         return value
 
-    changed = whole_model_float32(layer)
     try:
-        return layer(*tf.nest.map_structure(upcast, args),
-                     **tf.nest.map_structure(upcast, kwargs))
+        with computing_in_float32(layer):
+            return layer(*tf.nest.map_structure(upcast, args),
+                         **tf.nest.map_structure(upcast, kwargs))
     except Exception:  # noqa: BLE001 - a layer that cannot run alone (state, dtypes): skip it
         return None
-    finally:
-        undo(changed)
 
 
 def _disagreement(low: list, high: list) -> tuple[float, float, float]:
     """(worst per-sample relative disagreement, share of samples beyond BROKEN, mean
-    disagreement), over the
-    float outputs both calls returned; samples whose float32 output is not finite are left
-    out (float32 fails there too: not a 16-bit fault)."""
+    disagreement), over the float outputs both calls returned; samples whose float32 output is
+    not finite are left out (float32 fails there too: not a 16-bit fault)."""
     worst, broken, samples, total = 0.0, 0, 0, 0.0
     for a, b in zip(low, high):
         if not (hasattr(a, "dtype") and hasattr(b, "dtype") and a.dtype.is_floating

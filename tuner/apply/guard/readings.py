@@ -34,12 +34,11 @@ def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, fl
     float32, which says what 16-bit compute costs the model now."""
     x, y = (data, None) if not isinstance(data, tuple) else (data[0], data[1])
     as_is = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
-    changed = cause.whole_model_float32(model)
     model.test_function = None
     try:
-        in_float32 = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+        with cause.computing_in_float32(model):
+            in_float32 = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
     finally:
-        cause.undo(changed)
         model.test_function = None
     return {"check_loss": float(as_is), "check_loss_float32": float(in_float32)}
 

@@ -26,7 +26,7 @@ SCALE_KINDS = ("scale_at_floor", "scale_collapsed", "skipped_updates")
 
 def _sixteen_bit(model: keras.Model) -> int:
     return sum(1 for layer, _ in layer_paths(model)
-               if layer.compute_dtype in ("float16", "bfloat16") and layer.weights)
+               if layer.compute_dtype in fidelity.SIXTEEN_BIT and layer.weights)
 
 
 class GuardError(TunerError):
