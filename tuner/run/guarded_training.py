@@ -125,7 +125,8 @@ def _log_to_mlflow(record: dict, results: dict, tracking_uri: str, experiment: s
         client.log_dict(run.info.run_id, {"events": result["events"],
                                           "config": result["config"]}, "precision_guard.json")
         if name == "config" and "ratio" in record and math.isfinite(record["ratio"]):
-            client.log_metric(run.info.run_id, "val_loss_ratio_vs_float32", record["ratio"])
+            measure = record["verdict"]["measure"]  # val_loss, or loss without validation
+            client.log_metric(run.info.run_id, f"{measure}_ratio_vs_float32", record["ratio"])
         client.set_terminated(run.info.run_id)
     print(f"MLflow: experiment {experiment!r} at {tracking_uri}")
 
