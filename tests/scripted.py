@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.apply.config import PrecisionConfig
+from tuner.judging.objective import Objective
 from tuner.run.plan import Remeasurement, RunPlan
 from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
@@ -188,13 +189,14 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    objective = Objective(objective)
     plan = RunPlan(task_path=tmp_path / "task.py", run_dir=tmp_path / "run", space=space,
                    space_ref=space.name, trials=space.size() if exhaustive else trials,
                    steps=20, seed=seed, tolerance=0.9, exhaustive=exhaustive,
                    tracking_uri=None, resume=False, finalists=finalists, min_gain=min_gain,
                    remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
                    objective=objective, memory_slack=memory_slack, run_drift=run_drift)
-    study = optuna.create_study(directions=["minimize"] * (2 if objective == "balanced" else 1),
+    study = optuna.create_study(directions=["minimize"] * objective.directions,
                                 sampler=optuna.samplers.TPESampler(seed=seed,
                                                                    n_startup_trials=4))
     proposer = Proposer(space, study, enumerate_space=plan.enumerates_space,

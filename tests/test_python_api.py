@@ -1,6 +1,7 @@
 """tuner.tune from Python: the CLI's options as keyword arguments (one definition), its errors
 as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned end to end."""
 
+import inspect
 import subprocess
 from pathlib import Path
 import sys
@@ -10,39 +11,46 @@ import pytest
 import tuner
 from tests.conftest import ROOT
 from tuner.cli.app import build_parser
-from tuner.api.options import parse_tune_keywords, tune_keywords
+from tuner.api.options import tune_options
 from tuner.errors import UsageError
+from tuner.judging.objective import Objective
 
 
-def _cli_tune_options():
+def _cli_tune_actions():
     parser = build_parser()
     tune = next(action for action in parser._actions if action.dest == "command").choices["tune"]
-    return {action.dest: action.option_strings[0] for action in tune._actions
+    return {action.dest: action for action in tune._actions
             if action.option_strings and action.dest != "help"}
 
 
-def test_every_cli_flag_is_a_keyword_argument_with_its_default():
-    cli = _cli_tune_options()
-    keywords = tune_keywords()
-    assert set(keywords) == set(cli)
-    for name, flag in cli.items():
-        assert keywords[name].option_strings[0] == flag
-        assert flag == "--" + name.replace("_", "-")   # the keyword is the flag's own name
-    parsed = parse_tune_keywords("task.py", {})
-    assert parsed.finalists == 3 and parsed.min_gain == 0.03 and parsed.executor == "ray"
-    parsed = parse_tune_keywords("task.py", {"min_gain": 0.05, "no_confirm": True,
-                                             "trials": 4})
-    assert (parsed.min_gain, parsed.no_confirm, parsed.trials) == (0.05, True, 4)
+def test_every_cli_flag_is_a_typed_keyword_of_tune_with_its_default():
+    signature = inspect.signature(tuner.tune)
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
+    cli = _cli_tune_actions()
+    options = {option.name: option for option in tune_options(tuner.tune)}
+    assert set(options) == set(cli)
+    for name, action in cli.items():
+        parameter = signature.parameters[name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.annotation is not inspect.Parameter.empty
+        assert action.option_strings == ["--" + name.replace("_", "-")]
+        if name != "out":   # the CLI writes ./best_precision.json, Python the run directory's
+            assert action.default == parameter.default, name
+    assert signature.parameters["finalists"].default == 3
+    assert signature.parameters["min_gain"].default == 0.03
+    assert options["objective"].choices == tuple(Objective)
+    assert "min_gain (--min-gain)" in tuner.tune.__doc__   # help(tuner.tune) lists them
 
 
 @pytest.mark.parametrize("options, flags", [
     ({"trials": 0}, ["--trials", "0"]),
     ({"objective": "fastest"}, ["--objective", "fastest"]),
     ({"min_gain": -1}, ["--min-gain", "-1"]),
+    ({"executor": "slurm"}, ["--executor", "slurm"]),
 ])
 def test_a_bad_argument_raises_the_line_the_cli_prints(tmp_path, options, flags):
     with pytest.raises(UsageError) as raised:
-        parse_tune_keywords("task.py", options)
+        tuner.tune("task.py", **options)
     cli = subprocess.run([sys.executable, "-m", "tuner", "tune", "task.py", *flags], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2
@@ -51,10 +59,10 @@ def test_a_bad_argument_raises_the_line_the_cli_prints(tmp_path, options, flags)
 
 
 def test_unknown_and_conflicting_arguments_are_refused_in_one_line(tmp_path):
-    with pytest.raises(UsageError, match="unknown keyword argument 'trails'"):
-        parse_tune_keywords("task.py", {"trails": 3})
-    with pytest.raises(UsageError, match="no_confirm must be True or False"):
-        parse_tune_keywords("task.py", {"no_confirm": "yes"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'trails'"):
+        tuner.tune("task.py", trails=3)
+    with pytest.raises(UsageError, match="--no-confirm: must be True or False"):
+        tuner.tune("task.py", no_confirm="yes")
     with pytest.raises(UsageError, match="not both"):
         tuner.tune("task.py", build_model=lambda: None)
     with pytest.raises(UsageError, match="missing: train_data, loss"):

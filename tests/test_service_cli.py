@@ -74,14 +74,11 @@ def test_submit_forwards_only_the_tune_flags_given():
     parser = build_parser()
     args = parser.parse_args(["submit", "t.py", "--trials", "5", "--keep-slow-policies",
                               "--space", "default", "--worker-cpus", "2"])
-    tune = next(a for a in parser._actions if a.dest == "command").choices["tune"]
-    defaults = {a.dest: a.default for a in tune._actions}
-    options = {a.dest: a.option_strings[0] for a in tune._actions if a.option_strings}
-    assert job_commands.forwarded_flags(args, defaults, options) == [
+    assert job_commands.forwarded_flags(args) == [
         "--space", "default", "--trials", "5", "--keep-slow-policies"]
     assert args.worker_cpus == 2 and args.resume_job is None
     confirming = parser.parse_args(["submit", "t.py", "--confirm-steps", "300", "--no-confirm"])
-    assert job_commands.forwarded_flags(confirming, defaults, options) == [
+    assert job_commands.forwarded_flags(confirming) == [
         "--confirm-steps", "300", "--no-confirm"]   # the confirmation's flags reach the job
 
 

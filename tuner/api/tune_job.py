@@ -1,14 +1,13 @@
 """The tune job, from the task check to the summary: what ``tuner.tune()`` and
 ``precision-tuner tune`` both run (tuner.api.run).
 
-The options (``add_tune_parser``) become ``Flags`` (``flags_from``), the plan is resolved
+The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan is resolved
 (tuner.run.plan), the task checked and the space fitted to the model on the executor, and the
 job runs (tuner.run.job) under the live progress bar; the summary is printed at the end.
 """
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import os
 import sys
@@ -28,7 +27,7 @@ from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown, describe_ceiling
 from tuner.run.job import tune
-from tuner.api.options import flags_from
+from tuner.api.options import default_run_dir, flags_from
 from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file
 
@@ -58,8 +57,7 @@ def run_tune(args) -> None:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
     task_path = check_task_file(args.task)
-    run_dir = args.run_dir = args.run_dir or Path("runs") / (
-        f"{task_path.stem}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    run_dir = args.run_dir = args.run_dir or default_run_dir(task_path.stem)
     if args.executor == "local" and (args.workers > 1 or args.ray_address):
         given = ([f"--workers {args.workers}"] if args.workers > 1 else []) \
             + ([f"--ray-address {args.ray_address}"] if args.ray_address else [])

@@ -9,6 +9,7 @@ from pathlib import Path
 from tuner.errors import TunerError, UsageError
 from tuner.api.arguments import count, positive_int
 from tuner.api.options import add_tune_parser
+from tuner.api.run import tune as tune_function, tune_parsed
 from tuner.cli import jobs
 from tuner.cli.jobs import FORWARDED
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    tune = add_tune_parser(commands)
+    tune = add_tune_parser(commands, tune_function)
     _add_other_commands(commands)
     _add_service_commands(commands, tune)
     return parser
@@ -199,25 +200,15 @@ def _add_job_parsers(commands, tune: argparse.ArgumentParser) -> None:
     fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 
-def _service_command(args, parser: argparse.ArgumentParser) -> int:
+def _service_command(args) -> int:
     if args.command == "service":
         from tuner.cli import service_commands
 
         return service_commands.run(args)
     if args.command == "submit":
-        defaults = {a.dest: a.default for a in _subparser(parser, "tune")._actions}
-        options = {a.dest: a.option_strings[0] for a in _subparser(parser, "tune")._actions
-                   if a.option_strings}
-        return jobs.submit(args, defaults, options)
+        return jobs.submit(args)
     return {"jobs": jobs.list_jobs, "status": jobs.status, "logs": jobs.logs,
             "stop": jobs.stop, "fetch": jobs.fetch}[args.command](args)
-
-
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]
-    raise KeyError(name)
 
 
 def _version() -> str:
@@ -234,12 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "tune":  # the same entry as tuner.tune()
-            from tuner.api.run import tune_parsed
-
             tune_parsed(args)
             return 0
         if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
-            return _service_command(args, parser)
+            return _service_command(args)
         from tuner.cli import commands
 
         return getattr(commands, args.command)(args)

@@ -20,29 +20,26 @@ from tuner.service.client import (Service, entrypoint, is_space_file, job_tune_a
 from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
 from tuner.records.mlflow_stores import TRIALS_QUERY
-from tuner.api.options import flags_from
+from tuner.api.options import flags_from, tune_options
+from tuner.api.run import tune
 from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file
 
-# tune flags that a job passes on as given (the rest -- run directory, tracking, Ray address,
-# output -- are the service's business).
-FORWARDED = ("space", "trials", "exhaustive", "steps", "seed", "tolerance", "time_limit",
-             "workers", "finalists", "min_gain", "run_drift", "objective", "memory_slack",
-             "keep_slow_policies", "trial_seconds", "confirm_steps", "confirm_seconds",
-             "no_confirm")
+# tune options that a job passes on as given (the rest -- run directory, tracking, Ray address,
+# output -- are the service's business: ``Option.forwarded``).
+_FORWARDED = [option for option in tune_options(tune) if option.option.forwarded]
+FORWARDED = tuple(option.name for option in _FORWARDED)
 
 
 # -- submit --------------------------------------------------------------------------------
-def forwarded_flags(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> list[str]:
+def forwarded_flags(args) -> list[str]:
     """The tune flags the user gave, as command-line words (defaults left out)."""
     words: list[str] = []
-    for dest in FORWARDED:
-        value = getattr(args, dest, None)
-        if value is None or value is False or value == parser_defaults.get(dest):
+    for option in _FORWARDED:
+        value = getattr(args, option.name)
+        if value is None or value is False or value == option.default:
             continue
-        words.append(options[dest])
-        if value is not True:
-            words.append(str(value))
+        words += [option.flag] if value is True else [option.flag, str(value)]
     return words
 
 
@@ -61,9 +58,9 @@ def check_submission(args) -> tuple[Path, Path | None]:
     return task_path, space_file
 
 
-def submit(args, parser_defaults: dict[str, Any], options: dict[str, str]) -> int:
+def submit(args) -> int:
     task_path, space_file = check_submission(args)
-    user_flags = forwarded_flags(args, parser_defaults, options)
+    user_flags = forwarded_flags(args)
     if args.resume_job and user_flags:
         raise UsageError(f"--resume {args.resume_job} continues that job with its own flags; "
                          f"drop {' '.join(user_flags)}")

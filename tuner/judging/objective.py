@@ -16,6 +16,7 @@ any other. Pure Python: plain configs and numbers in.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,8 +24,73 @@ from tuner.apply.config import PrecisionConfig
 from tuner.judging.decision import complexity
 from tuner.judging.noise import SEARCH_DRIFT
 
-OBJECTIVES = ("speed", "memory", "balanced")
 DEFAULT_MEMORY_SLACK = 0.10
+
+
+class Objective(str, enum.Enum):
+    """What "best" means. Every module asks it a question below instead of comparing names;
+    the value is what run.json, MLflow and the CLI spell."""
+
+    SPEED = "speed"
+    MEMORY = "memory"
+    BALANCED = "balanced"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def named(cls, name: "str | Objective") -> "Objective":
+        """The objective called ``name``; ValueError naming the choices for any other."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"invalid choice: {str(name)!r} (choose from "
+                             f"{', '.join(repr(o.value) for o in cls)})") from None
+
+    @property
+    def uses_memory(self) -> bool:
+        """Whether a trial needs a training-memory figure to be ranked (Optuna's value)."""
+        return self is not Objective.SPEED
+
+    @property
+    def directions(self) -> int:
+        """How many values Optuna minimizes: step time and memory under balanced."""
+        return 2 if self is Objective.BALANCED else 1
+
+    def study_values(self, step_ms: float, memory_bytes: float | None) -> float | list[float]:
+        """What Optuna is told for a judged trial."""
+        if self is Objective.SPEED:
+            return step_ms
+        if self is Objective.MEMORY:
+            return float(memory_bytes)
+        return [step_ms, float(memory_bytes)]
+
+    @property
+    def decided_by_speed(self) -> bool:
+        """Whether the winner is the fastest finalist whose gain is real (tuner.judging.decision);
+        otherwise the finalists come in this objective's order, timed for their intervals."""
+        return self is Objective.SPEED
+
+    @property
+    def skips_slow_policies(self) -> bool:
+        """Whether policies the device's ceiling says cannot beat float32 are left out."""
+        return self is Objective.SPEED
+
+    @property
+    def stops_slow_trials(self) -> bool:
+        """Whether a trial may be stopped as too slow (never when only memory counts)."""
+        return self is not Objective.MEMORY
+
+    @property
+    def stops_only_when_dominated(self) -> bool:
+        """Whether a slow trial is stopped only against a stable config of no more memory
+        (``needs_no_more_memory``), which then dominates it (balanced)."""
+        return self is Objective.BALANCED
+
+    @property
+    def shows_front(self) -> bool:
+        """Whether the summary lists the Pareto front of step time and memory."""
+        return self is Objective.BALANCED
 
 
 @dataclass(frozen=True)
@@ -62,12 +128,13 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
     return sorted(front, key=lambda p: (p.memory_bytes, p.step_ms))
 
 
-def pick(points: Sequence[Point], objective: str,
+def pick(points: Sequence[Point], objective: Objective,
          memory_slack: float = DEFAULT_MEMORY_SLACK) -> tuple[Point, str]:
     """The chosen point for ``memory`` or ``balanced``, and one line saying why."""
     if not points:
         raise ValueError("no stable config with a step time and a memory figure")
-    if objective == "memory":
+    objective = Objective(objective)
+    if objective is Objective.MEMORY:
         smallest = min(p.memory_bytes for p in points)
         same = [p for p in points if p.memory_bytes == smallest]
         chosen = min(same, key=lambda p: (complexity(p.config), p.step_ms))
@@ -75,7 +142,7 @@ def pick(points: Sequence[Point], objective: str,
                         f"{smallest / 1e6:.3g} MB"
                         + (f" (shared by {len(same)} configs: the simplest)"
                            if len(same) > 1 else ""))
-    if objective != "balanced":
+    if objective is not Objective.BALANCED:
         raise ValueError(f"objective must be memory or balanced here. Received: {objective!r}")
     front = pareto_front(points)
     limit = front[0].memory_bytes * (1.0 + memory_slack)
@@ -91,7 +158,7 @@ def pick(points: Sequence[Point], objective: str,
     return chosen, why
 
 
-def ranked(points: Sequence[Point], objective: str, memory_slack: float = DEFAULT_MEMORY_SLACK,
+def ranked(points: Sequence[Point], objective: Objective, memory_slack: float = DEFAULT_MEMORY_SLACK,
            count: int = 3) -> list[tuple[Point, str]]:
     """The first ``count`` choices by ``objective``, best first, each with its line: the pick,
     then the pick among the rest, and so on (the finalists a confirmation falls back on)."""

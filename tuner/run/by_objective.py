@@ -57,7 +57,7 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
     reasons = {point.number: reason for point, reason in order}
     lines = [why] + [f"then #{point.number} ({point.config.describe()}): {reason}"
                      for point, reason in order[1:len(finalists)]] + uncounted
-    if plan.objective == "balanced":
+    if plan.objective.shows_front:
         lines += [f"front: {point.describe()}" for point in pareto_front(points)]
     if not finalists:
         baseline.estimate = SpeedupEstimate.identity()
@@ -100,6 +100,6 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
 
 def winner_of(scheduler: Scheduler) -> Remeasured:
     """The re-measured, confirmed pick under the plan's objective."""
-    if scheduler.plan.objective == "speed":
+    if scheduler.plan.objective.decided_by_speed:
         return remeasure(scheduler)
     return remeasure_by_objective(scheduler)

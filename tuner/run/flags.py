@@ -4,35 +4,45 @@ flags to: a resumed run keeps its settings, and a flag that disagrees is refused
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UsageError
 from tuner.judging.decision import DEFAULT_MIN_GAIN
+from tuner.judging.objective import Objective
 from tuner.search.space_files import looks_like_path
+
+
+DEFAULT_FINALISTS = 3
+DEFAULT_TIME_LIMIT = 900
+
+
+KEPT = {"kept": True}   # a resumed run keeps this setting: a value that differs is refused
 
 
 @dataclass(frozen=True)
 class Flags:
-    """What the user asked for; ``None`` means "not given" (a default or the resumed run's)."""
+    """What the user asked for; ``None`` means "not given" (a default or the resumed run's).
+    The fields marked ``KEPT`` are held to the resumed run's record (``check_resume``)."""
 
     task_path: Path
     run_dir: Path
-    space: str | None = None
-    trials: int | None = None
-    steps: int | None = None
-    seed: int | None = None
-    tolerance: float | None = None
+    space: str | None = field(default=None, metadata=KEPT)
+    trials: int | None = field(default=None, metadata=KEPT)
+    steps: int | None = field(default=None, metadata=KEPT)
+    seed: int | None = field(default=None, metadata=KEPT)
+    tolerance: float | None = field(default=None, metadata=KEPT)
     exhaustive: bool = False
     tracking_uri: str | None = None
-    finalists: int = 3
-    trial_time_limit_s: float = 900.0
+    finalists: int = DEFAULT_FINALISTS
+    time_limit: float = DEFAULT_TIME_LIMIT  # seconds a trial may take before it is killed
     min_gain: float = DEFAULT_MIN_GAIN
-    run_drift: float | None = None      # the run-to-run allowance (None: RUN_DRIFT_SD)
+    # The run-to-run allowance (None: RUN_DRIFT_SD); kept where the run recorded one.
+    run_drift: float | None = field(default=None, metadata=KEPT)
     keep_slow_policies: bool = False
-    objective: str | None = None
-    memory_slack: float | None = None
+    objective: Objective | None = field(default=None, metadata=KEPT)
+    memory_slack: float | None = field(default=None, metadata=KEPT)
     trial_seconds: float | None = None  # the sizing cap (tuner.judging.sizing); only without --steps
     confirm_steps: int | None = None    # the confirmation's length (tuner.run.confirm)
     confirm_seconds: float | None = None
@@ -60,10 +70,10 @@ def check_resume(previous: dict[str, Any], flags: Flags) -> None:
         raise UsageError(f"--exhaustive: the run in {str(run_dir)!r} was started with a "
                          "budget of trials; a resumed run keeps its settings. Drop --exhaustive, "
                          "or start a new --run-dir.")
-    given = {"space": space_ref(flags.space) if flags.space else None, "trials": flags.trials,
-             "steps": flags.steps, "seed": flags.seed, "tolerance": flags.tolerance,
-             "objective": flags.objective, "memory_slack": flags.memory_slack,
-             "run_drift": flags.run_drift if "run_drift" in previous else None}
+    given = {kept.name: getattr(flags, kept.name) for kept in fields(Flags)
+             if kept.metadata.get("kept") and (kept.name != "run_drift" or "run_drift" in previous)}
+    if flags.space:
+        given["space"] = space_ref(flags.space)
     if flags.trial_seconds is not None:
         raise UsageError(f"--trial-seconds {flags.trial_seconds:g}: a resumed run keeps how its "
                          "trials were sized. Drop --trial-seconds, or start a new --run-dir.")

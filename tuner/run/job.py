@@ -113,7 +113,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     clock.add("opening records", time.perf_counter() - opening)
     exhausted, outcome = _search(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
-    if plan.objective != "speed" and getattr(executor, "runs_here", False):
+    if plan.objective.uses_memory and getattr(executor, "runs_here", False):
         with clock.phase("memory check"):
             outcome.objective_lines.append(fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))

@@ -17,8 +17,9 @@ from tuner.apply.config import compute_dtype_of
 from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
-from tuner.run.flags import Flags, check_resume, space_ref
-from tuner.judging.objective import DEFAULT_MEMORY_SLACK
+from tuner.run.flags import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, Flags, check_resume,
+                             space_ref)
+from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
 from tuner.judging.underflow import gradient_histograms
@@ -51,8 +52,8 @@ class RunPlan:
     exhaustive: bool
     tracking_uri: str | None            # None: SQLite in the run directory
     resume: bool
-    finalists: int = 3
-    trial_time_limit_s: float = 900.0
+    finalists: int = DEFAULT_FINALISTS
+    trial_time_limit_s: float = DEFAULT_TIME_LIMIT
     slow_factor: float = 1.5            # early-stop limit: this much slower than the best
     min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
     # The between-run sd of a log speedup each speedup over float32 is widened by
@@ -74,7 +75,7 @@ class RunPlan:
     gradient_abs_max: float | None = None    # ... from this largest weight gradient
     growth_note: str = ""                     # why growth intervals were searched as one
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
-    objective: str = "speed"            # speed | memory | balanced (tuner.judging.objective)
+    objective: Objective = Objective.SPEED
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
     # Policies left out because the device's ceiling says they cannot win; None until decided
     # (a resumed run keeps what its run decided).
@@ -85,6 +86,9 @@ class RunPlan:
     sized_by: str = ""                  # why the baseline stopped where it did
     batch_pool: int | None = None       # distinct batches every run cycles through
     confirm: ConfirmBudget = ConfirmBudget()  # the pick's longer training before export
+
+    def __post_init__(self) -> None:  # "memory" from run.json or a caller: the Objective
+        object.__setattr__(self, "objective", Objective(self.objective))
 
     @property
     def warmup_steps(self) -> int:
@@ -140,7 +144,7 @@ class RunPlan:
         all."""
         if self.skipped_policies is not None:
             skipped, notes = self.skipped_policies, []
-        elif self.keep_slow_policies or not ceiling or self.objective != "speed":
+        elif self.keep_slow_policies or not ceiling or not self.objective.skips_slow_policies:
             # Under memory or balanced a slow 16-bit policy may still be the pick by its memory.
             skipped, notes = (), []
         else:
@@ -220,12 +224,12 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         tolerance=recorded.get("tolerance") or flags.tolerance
         or space.budget.min_loss_decrease_ratio,
         exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
-        finalists=flags.finalists, trial_time_limit_s=flags.trial_time_limit_s,
+        finalists=flags.finalists, trial_time_limit_s=float(flags.time_limit),
         min_gain=recorded.get("min_gain", flags.min_gain),
         run_drift=recorded.get("run_drift", RUN_DRIFT_SD if flags.run_drift is None
                                else flags.run_drift),
         keep_slow_policies=flags.keep_slow_policies,
-        objective=recorded.get("objective") or flags.objective or "speed",
+        objective=Objective(recorded.get("objective") or flags.objective or Objective.SPEED),
         memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
         skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
         sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,

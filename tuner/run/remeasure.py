@@ -97,7 +97,7 @@ class Rounds:
         self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
         # memory/balanced (tuner.run.by_objective): the finalists come in the objective's
         # order and are timed for their intervals only; speed drops no finalist.
-        self.by_speed = self.plan.objective == "speed"
+        self.by_speed = self.plan.objective.decided_by_speed
         self.choose_next = None         # the next pick after a rejected confirmation
         self.max_attempts = MAX_ATTEMPTS
         self.candidates: list[Candidate] = []
@@ -134,7 +134,7 @@ class Rounds:
             return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
                                           phase="confirmation")
 
-        by_speed = self.plan.objective == "speed"
+        by_speed = self.plan.objective.decided_by_speed
         confirmer = Confirmer(run, self.plan.confirm, self.plan.steps, self.scheduler.progress,
                               min_gain=self.plan.min_gain if by_speed else None,
                               noise=self.pooled, run_drift=self.plan.run_drift)

@@ -131,10 +131,10 @@ class Scheduler:
         (``needs_no_more_memory``: one of them faster dominates it). None with
         --keep-slow-policies: policies kept although they cannot win on speed are there to be
         judged on stability, which a trial stopped as slow leaves unknown."""
-        if self.plan.keep_slow_policies or self.plan.objective == "memory":
+        if self.plan.keep_slow_policies or not self.plan.objective.stops_slow_trials:
             return None
         stable = self.timed_stable_rows()
-        if self.plan.objective == "balanced":
+        if self.plan.objective.stops_only_when_dominated:
             stable = [r for r in stable
                       if config is not None and needs_no_more_memory(r.config, config)]
         exclusive = [r.judgement.median_step_ms for r in stable if r.result.exclusive_timing]

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from tuner.apply.config import PrecisionConfig
 from tuner.search.space import SearchSpace, effective_placement
 from tuner.trial_types import FailureClass
+from tuner.judging.objective import Objective
 from tuner.judging.verdict import Verdict
 
 UNSTABLE = 1.0  # Optuna constraint value of an unstable trial (feasible is <= 0)
@@ -55,7 +56,7 @@ class Proposal:
 class Proposer:
     def __init__(self, space: SearchSpace, study, *, enumerate_space: bool,
                  requeued: Iterable[dict[str, Any]] = (),
-                 matches: dict[str, Any] | None = None, objective: str = "speed") -> None:
+                 matches: dict[str, Any] | None = None, objective: Objective = Objective.SPEED) -> None:
         self.space = space
         self.objective = objective
         self.matches = matches
@@ -167,7 +168,7 @@ class Proposer:
             self.study.tell(proposal.optuna_trial, state=TrialState.FAIL)
 
 
-def tell(study, trial, row, objective: str = "speed") -> None:
+def tell(study, trial, row, objective: Objective = Objective.SPEED) -> None:
     """Map a trial's verdict to an Optuna state: failed -> FAIL, stopped as too slow -> PRUNED,
     judged -> COMPLETE with the stability constraint and the objective's values: the median
     step time (speed), the training memory (memory), or both (balanced: a multi-objective
@@ -188,14 +189,10 @@ def tell(study, trial, row, objective: str = "speed") -> None:
     else:
         trial.set_constraint("unstable", 0.0 if row.judgement.stable else UNSTABLE)
         memory = (row.result.training_memory or {}).get("total_bytes")
-        if objective != "speed" and memory is None:
+        if objective.uses_memory and memory is None:
             study.tell(trial, state=TrialState.FAIL)
-        elif objective == "memory":
-            study.tell(trial, float(memory))
-        elif objective == "balanced":
-            study.tell(trial, [median, float(memory)])
         else:
-            study.tell(trial, median)
+            study.tell(trial, objective.study_values(median, memory))
 
 
 # Failures that keeping the named layer in float32 can cure.
@@ -236,7 +233,7 @@ def study_storage(run_dir: Path) -> str:
 
 
 def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = False,
-                 objective: str = "speed"):
+                 objective: Objective = Objective.SPEED):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -245,7 +242,7 @@ def create_study(run_dir: Path, study_name: str, seed: int, *, resume: bool = Fa
     if resume:
         return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
     # balanced: step time and training memory, both minimized (Optuna's multi-objective TPE).
-    directions = ["minimize", "minimize"] if objective == "balanced" else ["minimize"]
+    directions = ["minimize"] * objective.directions
     return optuna.create_study(study_name=study_name, storage=storage, directions=directions,
                                sampler=sampler)
 
