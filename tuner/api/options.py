@@ -12,6 +12,7 @@ import argparse
 import datetime
 import enum
 import inspect
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -32,7 +33,8 @@ class Option:
     its value passes (an argparse type: text in, value out or ``ArgumentTypeError``; by default
     the annotation's type), its metavar, whether ``submit`` forwards it to a service's job (the
     run directory, tracking, Ray address and output are the service's business), and, where
-    the command line's default differs from a Python caller's, the command line's."""
+    the command line's default differs from a Python caller's, the command line's (and how
+    ``help(tuner.tune)`` names the Python caller's)."""
 
     help: str
     group: str
@@ -40,6 +42,7 @@ class Option:
     metavar: str | None = None
     forwarded: bool = True
     cli_default: Any = None
+    python_default: str = ""
 
     def __repr__(self) -> str:  # help(tuner.tune) shows the signature; the text is below it
         return "Option()"
@@ -166,9 +169,10 @@ def options_help(tune: Callable) -> str:
     """The options as ``help(tuner.tune)`` lists them: name, default, help."""
     lines = []
     for option in tune_options(tune):
-        text = " ".join(option.option.help.split()).replace("%%", "%")
-        text = text.replace("%(default)s", str(option.default))
-        lines.append(f"    {option.name} ({option.flag}): {text}")
+        default = option.option.python_default or str(option.default)
+        text = option.option.help.replace("%%", "%").replace("%(default)s", default)
+        lines += textwrap.wrap(f"{option.name} ({option.flag}): {text}", width=92,
+                               initial_indent="    ", subsequent_indent="        ")
     return "\n".join(lines)
 
 

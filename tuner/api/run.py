@@ -97,7 +97,8 @@ def tune(
         forwarded=False)] = None,
     out: Annotated[Path | None, Option(
         "where to write the best config (.json or .yaml) [default: %(default)s]", GOES,
-        forwarded=False, cli_default=Path(BEST_FILE))] = None,
+        forwarded=False, cli_default=Path(BEST_FILE),
+        python_default=f"RUN_DIR/{BEST_FILE}, always rewritten")] = None,
     force: Annotated[bool, Option("overwrite --out if it exists", GOES, forwarded=False)] = False,
     resume: Annotated[bool, Option(
         "continue the interrupted run in --run-dir (also automatic when --run-dir holds an "
