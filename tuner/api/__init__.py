@@ -1,9 +1,12 @@
 """Tuning from Python: ``tuner.tune(...)`` for notebooks and scripts, and its ``TuneResult``.
 
-The same job as ``precision-tuner tune``, through the same code: keyword arguments are the CLI's
-own options (parsed by the CLI's parser, so names, defaults, checks and one-line errors are
-one definition), and a model, data and loss defined in Python are written, with cloudpickle, to
-a task file the workers load like any other.
+The same job as ``precision-tuner tune``, through the same code. ``tuner.tune``'s typed
+signature is the one definition of every tune option (``run``; read by ``options``, which builds
+the CLI's parser from it and holds a Python caller's values to the same checks and one-line
+errors); the job from the task check to the summary (``tune_job``) and its live progress
+(``progress``); a model, data and loss defined in Python written, with cloudpickle, to a task
+file the workers load like any other (``task_writer``); the run read back (``result``). Below
+the CLI, above everything else; the job's stack is imported only when a job runs.
 """
 
 from tuner.lazy_names import lazy_names
@@ -11,5 +14,5 @@ from tuner.lazy_names import lazy_names
 _WHERE = {"tune": "tuner.api.run", "TuneResult": "tuner.api.result",
           "Speedup": "tuner.api.result", "load_result": "tuner.api.result"}
 __all__ = list(_WHERE)
-# Imported on first use: the CLI imports tuner.api.options without the whole job.
+# Imported on first use: ``import tuner.api.options`` alone imports no job.
 __getattr__, __dir__ = lazy_names(globals(), _WHERE)
