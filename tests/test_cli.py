@@ -1,6 +1,7 @@
 """Bad input: exit code 2, one line saying what, the bad value and the fix; nothing written."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -209,3 +210,27 @@ def test_float32_pattern_that_matches_no_layer_is_refused_with_the_closest_names
     last = completed.stderr.strip().splitlines()[-1]
     assert "'dense_9*'" in last and "dense" in last.split("'dense_9*'", 1)[1]
     assert not (tmp_path / "run").exists() and not (tmp_path / "best.json").exists()
+
+
+@pytest.mark.parametrize("command", [["tune", "--executor", "local"], ["diagnose"],
+                                     ["train", "--config", "cfg.json"]])
+def test_an_environment_without_tensorflow_is_told_which_extra_to_install(tmp_path, command):
+    """TensorFlow comes from the [cpu] or [gpu] extra: without it, one line naming both, exit
+    2, before a worker starts (here TensorFlow is hidden from the import system)."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util\n_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a, **k: None if name == 'tensorflow' "
+        "else _find(name, *a, **k)\n")
+    env = {**os.environ, "PYTHONPATH": f"{hide}:{ROOT}"}
+    verb, *flags = command
+    done = subprocess.run([sys.executable, "-m", "tuner", verb, str(TASKS / "tiny_mlp.py"),
+                           *flags, *(["--run-dir", str(tmp_path / "run")] if verb != "diagnose"
+                                     else [])],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TensorFlow is not installed" in lines[0], done.stderr
+    assert 'precision-tuner[cpu]' in lines[0] and 'precision-tuner[gpu]' in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -29,7 +29,7 @@ from tuner.records.timing import TimeBreakdown, describe_ceiling
 from tuner.run.job import tune
 from tuner.api.options import default_run_dir, flags_from
 from tuner.run.plan import resolve
-from tuner.run.task_file import check_task_file
+from tuner.run.task_file import check_task_file, require_tensorflow
 
 
 # Long enough for a loaded cluster to accept a connection; short enough that a wrong address is
@@ -57,6 +57,8 @@ def run_tune(args) -> None:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
     task_path = check_task_file(args.task)
+    if not args.ray_address:  # trials run here: this environment needs TensorFlow
+        require_tensorflow()
     run_dir = args.run_dir = args.run_dir or default_run_dir(task_path.stem)
     if args.executor == "local" and (args.workers > 1 or args.ray_address):
         given = ([f"--workers {args.workers}"] if args.workers > 1 else []) \

@@ -13,7 +13,7 @@ from tuner.records.diagnostics_report import print_table
 from tuner.records.mlflow_stores import default_tracking_uri, ui_paths
 from tuner.records.run_store import RunStore
 from tuner.run.guarded_training import train as train_guarded
-from tuner.run.task_file import check_task_file
+from tuner.run.task_file import check_task_file, require_tensorflow
 from tuner.search.space_files import builtin_space_names, load_space
 
 
@@ -84,6 +84,7 @@ def diagnose(args) -> int:
     from rich.console import Console
 
     task_path = check_task_file(args.task)
+    require_tensorflow()
     if args.json is not None and args.json.exists():
         raise UsageError(f"--json {str(args.json)!r} already exists. Remove it or choose another "
                          "file.")
@@ -109,6 +110,7 @@ def spaces(args) -> int:
 def train(args) -> int:
     if not Path(args.task).is_file():
         raise UsageError(f"task file not found: {args.task!r}. Pass the path of a task file.")
+    require_tensorflow()
     record = train_guarded(Path(args.task), args.config, args.epochs, args.against,
                            args.run_dir, args.tracking_uri, guard=not args.no_guard)
     return 1 if record.get("verdict", {}).get("worse") else 0

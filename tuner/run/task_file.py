@@ -11,9 +11,10 @@ The worker checks what only running the code can show (what ``train_data()`` ret
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
-from tuner.errors import TaskError
+from tuner.errors import TaskError, UsageError
 
 REQUIRED = ("build_model", "train_data", "LOSS")
 OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data", "val_metric", "compile_model")
@@ -62,3 +63,14 @@ def check_task_file(path: str | Path) -> Path:
                         "define build_model(), train_data() and LOSS, or compile_model(model, "
                         "wrap_optimizer) instead of LOSS (see docs/how-to/task-files.md).")
     return path.resolve()
+
+
+def require_tensorflow() -> None:
+    """TensorFlow is an extra (``[cpu]`` or ``[gpu]``: the right build for the machine), so an
+    install without one is refused here, in one line, before a worker fails on its import.
+    Looks the package up without importing it."""
+    if importlib.util.find_spec("tensorflow") is None:
+        raise UsageError("TensorFlow is not installed in this environment. Install "
+                         "precision-tuner with the build for this machine: pip install "
+                         "\"precision-tuner[cpu]\" (or \"precision-tuner[gpu]\" for an NVIDIA GPU; "
+                         "docs/install.md)")
