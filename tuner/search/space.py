@@ -1,8 +1,9 @@
 """Search spaces: frozen, self-validating dataclasses (parsed from YAML by tuner.search.space_files).
 
 Every dimension is a list of choices, so a space is both what Optuna samples from and a finite
-grid (enumerated by tuner.search.grid). Loss-scale dimensions are only sampled where the policy
-computes in float16, each epsilon only where it guards a 16-bit quantity.
+grid. ``SearchSpace.dimensions`` writes its conditional tree once (which parameter is asked
+under which earlier choice); sampling, the grid, its size and a named config's params walk it
+(tuner.search.dimensions), and ``config_from_params`` maps its params to a ``PrecisionConfig``.
 No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 ``suggest_categorical(name, choices)``.
 """
@@ -10,12 +11,13 @@ No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
                           PrecisionConfig, compute_dtype_of)
 from tuner.errors import SearchSpaceError
-from tuner.search.grid import grid_params, grid_size
+from tuner.search import dimensions
+from tuner.search.dimensions import Dimension, Suggester
 from tuner.search.layer_matches import (effective_placement, group_paths, no_layer_message,
                                         pattern_paths, placed_layers)
 
@@ -31,8 +33,32 @@ __all__ = ["SearchSpace", "TrialBudget", "Suggester",
            "effective_placement", "placed_layers"]
 
 
-class Suggester(Protocol):
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+# Optuna parameter names. A study keeps them: a run resumes only while they stay as they are.
+POLICY, LOSS_SCALE, INITIAL_SCALE, GROWTH_STEPS, FIXED_VALUE = (
+    "policy", "loss_scale", "initial_scale", "growth_steps", "fixed_value")
+WEIGHT_UPDATE, BACKEND_EPSILON, OPTIMIZER_EPSILON, RISKIEST = (
+    "weight_update", "backend_epsilon", "optimizer_epsilon", "f32_riskiest")
+
+
+def float32_group_param(group: str) -> str:
+    return f"f32_{group}"
+
+
+def float32_layer_param(pattern: str) -> str:
+    return f"f32_layer:{pattern}"
+
+
+def _computes_in_float16(policy: str) -> bool:
+    return compute_dtype_of(policy) == "float16"
+
+
+def _computes_in_16_bits(policy: str) -> bool:
+    return compute_dtype_of(policy) != "float32"
+
+
+def _is_pure(policy: str) -> bool:
+    """16-bit weights and optimizer state too."""
+    return policy in PURE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -71,61 +97,49 @@ class SearchSpace:
     trials: int = 8
     budget: TrialBudget = TrialBudget()
 
-    # -- sampling --------------------------------------------------------------------------
-    def suggest(self, trial: Suggester) -> PrecisionConfig:
-        """Sample one config (define-by-run: loss-scale choices only for float16 compute)."""
-        params = {"policy": trial.suggest_categorical("policy", list(self.policies))}
-        if compute_dtype_of(params["policy"]) == "float16":
-            kind = trial.suggest_categorical("loss_scale", list(self.loss_scale_kinds))
-            params["loss_scale"] = kind
-            if kind == "dynamic":
-                params["initial_scale"] = trial.suggest_categorical(
-                    "initial_scale", list(self.initial_scales))
-                params["growth_steps"] = trial.suggest_categorical(
-                    "growth_steps", list(self.growth_steps))
-            elif kind == "fixed":
-                params["fixed_value"] = trial.suggest_categorical(
-                    "fixed_value", list(self.fixed_values))
-        if params["policy"] in PURE_POLICIES:
-            params["weight_update"] = trial.suggest_categorical(
-                "weight_update", list(self.weight_updates))
-        backend, optimizer = self.epsilons_for(params["policy"])
-        if backend:
-            params["backend_epsilon"] = trial.suggest_categorical("backend_epsilon", list(backend))
-        if optimizer:
-            params["optimizer_epsilon"] = trial.suggest_categorical("optimizer_epsilon",
-                                                                    list(optimizer))
-        if params["policy"] != "float32":  # placing layers in float32 is a no-op there
-            for group in self.float32_groups:
-                params[f"f32_{group}"] = trial.suggest_categorical(f"f32_{group}", [False, True])
-            for pattern in self.float32_layers:
-                params[f"f32_layer:{pattern}"] = trial.suggest_categorical(
-                    f"f32_layer:{pattern}", [False, True])
-            if self.risky_layers:
-                # One searched k instead of 2^layers switches: the k riskiest go to float32.
-                params["f32_riskiest"] = trial.suggest_categorical(
-                    "f32_riskiest", list(range(len(self.risky_layers) + 1)))
-        return self.config_from_params(params)
+    # -- the tree ---------------------------------------------------------------------------
+    def dimensions(self) -> tuple[Dimension, ...]:
+        """This space's Optuna parameters as one conditional tree, in the order they are asked.
 
-    def epsilons_for(self, policy: str) -> tuple[tuple[float | None, ...], ...]:
-        """The backend and optimizer epsilons searched under ``policy``; empty where an epsilon
-        is no precision question and stays the task's own: the backend epsilon only where the
-        policy computes in 16 bits, the optimizer's only where weights and optimizer state are
-        16-bit (pure policies). Elsewhere a changed epsilon changes the training, not its
-        precision: a float32 trial with another epsilon is judged against a baseline it does
-        not share an optimizer with."""
-        backend = self.backend_epsilons if compute_dtype_of(policy) != "float32" else ()
-        optimizer = self.optimizer_epsilons if policy in PURE_POLICIES else ()
-        return backend, optimizer
+        An epsilon is searched only where it guards a 16-bit quantity, and stays the task's own
+        elsewhere: there a changed epsilon changes the training, not its precision (a float32
+        trial with another epsilon is judged against a baseline it shares no optimizer with).
+        """
+        switch = (False, True)
+        placements = [*(float32_group_param(group) for group in self.float32_groups),
+                      *(float32_layer_param(pattern) for pattern in self.float32_layers)]
+        # One searched k instead of 2^layers switches: the k riskiest go to float32.
+        riskiest = [Dimension(RISKIEST, tuple(range(len(self.risky_layers) + 1)), POLICY,
+                              _computes_in_16_bits)] if self.risky_layers else []
+        return (
+            Dimension(POLICY, self.policies),
+            Dimension(LOSS_SCALE, self.loss_scale_kinds, POLICY, _computes_in_float16),
+            Dimension(INITIAL_SCALE, self.initial_scales, LOSS_SCALE, "dynamic".__eq__,
+                      preferred=(2.0**15,)),
+            Dimension(GROWTH_STEPS, self.growth_steps, LOSS_SCALE, "dynamic".__eq__),
+            Dimension(FIXED_VALUE, self.fixed_values, LOSS_SCALE, "fixed".__eq__),
+            Dimension(WEIGHT_UPDATE, self.weight_updates, POLICY, _is_pure,
+                      preferred=("nearest",)),
+            Dimension(BACKEND_EPSILON, self.backend_epsilons, POLICY, _computes_in_16_bits,
+                      preferred=(None,)),
+            Dimension(OPTIMIZER_EPSILON, self.optimizer_epsilons, POLICY, _is_pure,
+                      preferred=(None,)),
+            # Placing a layer in float32 is a no-op where everything computes in float32.
+            *(Dimension(name, switch, POLICY, _computes_in_16_bits) for name in placements),
+            *riskiest)
+
+    def suggest(self, trial: Suggester) -> PrecisionConfig:
+        """Sample one config, define-by-run down the tree."""
+        return self.config_from_params(dimensions.suggest(self.dimensions(), trial))
 
     def epsilon_notes(self) -> list[str]:
         """One line per searched epsilon saying where it is searched."""
         notes = []
         for key, values, where, needed in (
                 ("backend", self.backend_epsilons, "a policy computes in 16 bits",
-                 any(compute_dtype_of(p) != "float32" for p in self.policies)),
+                 any(map(_computes_in_16_bits, self.policies))),
                 ("optimizer", self.optimizer_epsilons, "weights and optimizer state are 16-bit "
-                 "(float16, bfloat16)", any(p in PURE_POLICIES for p in self.policies))):
+                 "(float16, bfloat16)", any(map(_is_pure, self.policies)))):
             if values == (None,):
                 continue
             listed = ", ".join("default" if v is None else f"{v:g}" for v in values)
@@ -187,7 +201,7 @@ class SearchSpace:
 
     def _searches_dynamic_scale(self) -> bool:
         return "dynamic" in self.loss_scale_kinds and \
-            any(compute_dtype_of(p) == "float16" for p in self.policies)
+            any(map(_computes_in_float16, self.policies))
 
     def with_diagnostics(self, ranked_layers: Sequence[str],
                          recommended_scale: float | None = None,
@@ -209,58 +223,37 @@ class SearchSpace:
                        initial_scales=scales, output_heads=heads)
 
     def config_from_params(self, params: Mapping[str, Any]) -> PrecisionConfig:
-        kind = params.get("loss_scale", "none")
+        """The config of the tree's ``params``; a parameter not asked takes its config's value
+        where it does not apply (the space's first scale settings, nearest updates, no
+        epsilon, no float32 placement)."""
+        kind = params.get(LOSS_SCALE, "none")
         loss_scale = LossScale(
             kind=kind,
-            initial_scale=float(params.get("initial_scale", self.initial_scales[0])),
-            growth_steps=int(params.get("growth_steps", self.growth_steps[0])),
-            value=float(params["fixed_value"]) if kind == "fixed" else None,
+            initial_scale=float(params.get(INITIAL_SCALE, self.initial_scales[0])),
+            growth_steps=int(params.get(GROWTH_STEPS, self.growth_steps[0])),
+            value=float(params[FIXED_VALUE]) if kind == "fixed" else None,
             floor=self.loss_scale_floor)
-        groups = tuple(g for g in self.float32_groups if params.get(f"f32_{g}"))
-        layers = tuple(p for p in self.float32_layers if params.get(f"f32_layer:{p}"))
-        riskiest = self.risky_layers[:int(params.get("f32_riskiest", 0))]
+        groups = tuple(g for g in self.float32_groups if params.get(float32_group_param(g)))
+        layers = tuple(p for p in self.float32_layers if params.get(float32_layer_param(p)))
+        riskiest = self.risky_layers[:int(params.get(RISKIEST, 0))]
         layers += tuple(name for name in riskiest if name not in layers)
-        compute = compute_dtype_of(params["policy"])
+        compute = compute_dtype_of(params[POLICY])
         layers += tuple(path for path, dtypes in self.output_heads
                         if compute in dtypes and path not in layers)
         return PrecisionConfig(
-            policy=params["policy"], loss_scale=loss_scale,
-            epsilon=Epsilon(params.get("backend_epsilon"), params.get("optimizer_epsilon")),
+            policy=params[POLICY], loss_scale=loss_scale,
+            epsilon=Epsilon(params.get(BACKEND_EPSILON), params.get(OPTIMIZER_EPSILON)),
             float32=Float32Placement(groups, layers),
-            weight_update=params.get("weight_update", "nearest"))
+            weight_update=params.get(WEIGHT_UPDATE, "nearest"))
 
     def params_for(self, policy: str, *, loss_scale: str = "dynamic",
                    float32_groups: Sequence[str] = ()) -> dict[str, Any] | None:
-        """Optuna params of a named config, or None where the space cannot express it."""
-        if policy not in self.policies:
-            return None
-        params: dict[str, Any] = {"policy": policy}
-        if compute_dtype_of(policy) == "float16":
-            if loss_scale not in self.loss_scale_kinds:
-                return None
-            params["loss_scale"] = loss_scale
-            if loss_scale == "dynamic":
-                params["initial_scale"] = 2.0**15 if 2.0**15 in self.initial_scales \
-                    else self.initial_scales[0]
-                params["growth_steps"] = self.growth_steps[0]
-            elif loss_scale == "fixed":
-                params["fixed_value"] = self.fixed_values[0]
-        if policy in PURE_POLICIES:
-            params["weight_update"] = "nearest" if "nearest" in self.weight_updates \
-                else self.weight_updates[0]
-        backend, optimizer = self.epsilons_for(policy)
-        if backend:
-            params["backend_epsilon"] = None if None in backend else backend[0]
-        if optimizer:
-            params["optimizer_epsilon"] = None if None in optimizer else optimizer[0]
-        if policy != "float32":
-            for group in self.float32_groups:
-                params[f"f32_{group}"] = group in float32_groups
-            for pattern in self.float32_layers:
-                params[f"f32_layer:{pattern}"] = False
-            if self.risky_layers:
-                params["f32_riskiest"] = 0
-        return params
+        """Optuna params of a named config, or None where the space cannot express it: every
+        other parameter at its default (2^15 and nearest updates where offered, else the
+        first choice; no epsilon where offered; float32 placements off)."""
+        wanted = {POLICY: policy, LOSS_SCALE: loss_scale,
+                  **{float32_group_param(group): True for group in float32_groups}}
+        return dimensions.pick(self.dimensions(), wanted)
 
     def baseline_params(self) -> dict[str, Any]:
         params = self.params_for("float32")
@@ -283,8 +276,12 @@ class SearchSpace:
 
     def grid_params(self) -> Iterator[dict[str, Any]]:
         """The Optuna params of every distinct config (``suggest`` maps each to its config)."""
-        return grid_params(self)
+        return dimensions.grid(self.dimensions())
 
     def size(self) -> int:
         """Number of distinct configs, computed without enumerating the grid."""
-        return grid_size(self)
+        return dimensions.count(self.dimensions())
+
+    def choices(self) -> dict[str, tuple[Any, ...]]:
+        """Every parameter ``suggest`` may ask for, with its choices."""
+        return {dimension.name: dimension.choices for dimension in self.dimensions()}

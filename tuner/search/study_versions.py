@@ -19,26 +19,9 @@ from typing import Any
 from tuner.search.space import SearchSpace
 
 
-def space_choices(space: SearchSpace) -> dict[str, tuple[Any, ...]]:
-    """Every parameter ``space.suggest`` may ask for, with its choices."""
-    choices: dict[str, tuple[Any, ...]] = {
-        "policy": space.policies, "loss_scale": space.loss_scale_kinds,
-        "initial_scale": space.initial_scales, "growth_steps": space.growth_steps,
-        "fixed_value": space.fixed_values, "weight_update": space.weight_updates,
-        "backend_epsilon": space.backend_epsilons,
-        "optimizer_epsilon": space.optimizer_epsilons}
-    for group in space.float32_groups:
-        choices[f"f32_{group}"] = (False, True)
-    for pattern in space.float32_layers:
-        choices[f"f32_layer:{pattern}"] = (False, True)
-    if space.risky_layers:
-        choices["f32_riskiest"] = tuple(range(len(space.risky_layers) + 1))
-    return choices
-
-
 def changed_choices(study, space: SearchSpace) -> dict[str, tuple[tuple, tuple]]:
     """``{name: (choices in the study, choices now)}`` for each parameter that differs."""
-    now = space_choices(space)
+    now = space.choices()
     changed = {}
     for trial in study.get_trials(deepcopy=False):
         for name, distribution in trial.distributions.items():
@@ -50,7 +33,7 @@ def changed_choices(study, space: SearchSpace) -> dict[str, tuple[tuple, tuple]]
 
 def fits(params: dict[str, Any], space: SearchSpace) -> bool:
     """Whether every value of ``params`` is still among the space's choices."""
-    now = space_choices(space)
+    now = space.choices()
     return all(name not in now or value in now[name] for name, value in params.items())
 
 
@@ -65,7 +48,7 @@ def continue_study(study, space: SearchSpace, storage: str) -> tuple[Any, list[s
     changed = changed_choices(study, space)
     if not changed:
         return study, []
-    now = space_choices(space)
+    now = space.choices()
     taken = {summary.study_name for summary in optuna.get_all_study_summaries(storage)}
     name = next(f"{study.study_name}+space{n}" for n in range(2, 10_000)
                 if f"{study.study_name}+space{n}" not in taken)
