@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.apply.config import PrecisionConfig
+from tuner.apply.config import PURE_POLICIES, PrecisionConfig
 from tuner.errors import UsageError
 from tuner.records.run_store import RunStore
 
@@ -40,6 +40,7 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "trial": record["number"], "config": config.describe(), "policy": config.policy,
         "loss_scale": config.loss_scale.kind if config.compute_dtype == "float16" else None,
+        "weight_update": config.weight_update if config.policy in PURE_POLICIES else None,
         "float32_layers": ", ".join(config.float32.groups + config.float32.layers) or None,
         "verdict": record["verdict"], "reason": record.get("reason") or "",
         "median_ms": record.get("median_step_ms"), "remeasured_ms": record.get("remeasured_ms"),
