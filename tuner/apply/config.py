@@ -204,6 +204,12 @@ class PrecisionConfig:
     def compute_dtype(self) -> str:
         return compute_dtype_of(self.policy)
 
+    @property
+    def float16_without_loss_scale(self) -> bool:
+        """Computes in float16 with no loss scale: gradients below float16's smallest subnormal
+        flush to zero."""
+        return self.compute_dtype == "float16" and self.loss_scale.kind == "none"
+
     def describe(self) -> str:
         """A short readable name, e.g. ``mixed_float16 · dynamic 2^15 · f32: norm,softmax``."""
         parts = [self.policy]

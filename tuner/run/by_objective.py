@@ -29,8 +29,7 @@ def _points(scheduler: Scheduler) -> tuple[dict[int, TrialRow], list[Point], lis
     because its memory could not be counted."""
     allowed, _ = no_loss_scale_evidence(scheduler.plan.gradient_p01)
     rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory
-            and (allowed or r.config.compute_dtype != "float16"
-                 or r.config.loss_scale.kind != "none")}
+            and (allowed or not r.config.float16_without_loss_scale)}
     points = [Point(r.number, r.config, r.judgement.median_step_ms,
                     int(r.result.training_memory["total_bytes"])) for r in rows.values()]
     uncounted = [f"left #{r.number} ({r.config.describe()}) out: its training memory could "

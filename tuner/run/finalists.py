@@ -23,8 +23,7 @@ def finalists_of(scheduler: Scheduler) -> tuple[list[TrialRow], list[str]]:
     for row in scheduler.timed_stable_rows():
         if row is scheduler.baseline:
             continue
-        if row.config.compute_dtype == "float16" and row.config.loss_scale.kind == "none" \
-                and not allowed:
+        if row.config.float16_without_loss_scale and not allowed:
             notes.append(f"left #{row.number} ({row.config.describe()}) out of the finalists: "
                          f"{evidence}")
             continue

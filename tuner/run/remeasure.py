@@ -71,7 +71,7 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     outcome = Rounds(scheduler, baseline, finalists).run()
     outcome.notes[1:1] = dropped
     config = outcome.winner.config
-    if config.compute_dtype == "float16" and config.loss_scale.kind == "none":
+    if config.float16_without_loss_scale:
         outcome.notes.append("the pick has no loss scale: "
                              + no_loss_scale_evidence(scheduler.plan.gradient_p01)[1])
     return outcome
