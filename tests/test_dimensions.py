@@ -58,7 +58,7 @@ def test_optuna_parameter_names_stay_as_earlier_studies_hold_them():
 
 def test_count_branches_only_where_a_later_dimension_depends():
     tree = [Dimension("a", (1, 2, 3)), Dimension("b", ("x", "y"), "a", lambda a: a > 1),
-            Dimension("c", (True, False), "b", "y".__eq__), Dimension("d", (0, 1, 2, 3))]
+            Dimension("c", (True, False), "b", lambda b: b == "y"), Dimension("d", (0, 1, 2, 3))]
     assert count(tree) == sum(1 for _ in grid(tree)) == (1 + 2 * (1 + 2)) * 4
     assert pick(tree, {"a": 2, "b": "y"}) == {"a": 2, "b": "y", "c": True, "d": 0}
     assert pick(tree, {"a": 4}) is None

@@ -1,4 +1,4 @@
-"""Search spaces: frozen, self-validating dataclasses (parsed from YAML by tuner.search.space_files).
+"""Search spaces: frozen, self-validating dataclasses, parsed from YAML by tuner.search.space_files.
 
 Every dimension is a list of choices, so a space is both what Optuna samples from and a finite
 grid. ``SearchSpace.dimensions`` writes its conditional tree once (which parameter is asked
@@ -11,12 +11,12 @@ No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
                           PrecisionConfig, compute_dtype_of)
 from tuner.errors import SearchSpaceError
-from tuner.search import dimensions
+from tuner.search import dimensions as walk
 from tuner.search.dimensions import Dimension, Suggester
 from tuner.search.layer_matches import (effective_placement, group_paths, no_layer_message,
                                         pattern_paths, placed_layers)
@@ -59,6 +59,10 @@ def _computes_in_16_bits(policy: str) -> bool:
 def _is_pure(policy: str) -> bool:
     """16-bit weights and optimizer state too."""
     return policy in PURE_POLICIES
+
+
+def _kind_is(kind: str) -> Callable[[str], bool]:
+    return lambda chosen: chosen == kind
 
 
 @dataclass(frozen=True)
@@ -114,10 +118,10 @@ class SearchSpace:
         return (
             Dimension(POLICY, self.policies),
             Dimension(LOSS_SCALE, self.loss_scale_kinds, POLICY, _computes_in_float16),
-            Dimension(INITIAL_SCALE, self.initial_scales, LOSS_SCALE, "dynamic".__eq__,
+            Dimension(INITIAL_SCALE, self.initial_scales, LOSS_SCALE, _kind_is("dynamic"),
                       preferred=(2.0**15,)),
-            Dimension(GROWTH_STEPS, self.growth_steps, LOSS_SCALE, "dynamic".__eq__),
-            Dimension(FIXED_VALUE, self.fixed_values, LOSS_SCALE, "fixed".__eq__),
+            Dimension(GROWTH_STEPS, self.growth_steps, LOSS_SCALE, _kind_is("dynamic")),
+            Dimension(FIXED_VALUE, self.fixed_values, LOSS_SCALE, _kind_is("fixed")),
             Dimension(WEIGHT_UPDATE, self.weight_updates, POLICY, _is_pure,
                       preferred=("nearest",)),
             Dimension(BACKEND_EPSILON, self.backend_epsilons, POLICY, _computes_in_16_bits,
@@ -130,7 +134,7 @@ class SearchSpace:
 
     def suggest(self, trial: Suggester) -> PrecisionConfig:
         """Sample one config, define-by-run down the tree."""
-        return self.config_from_params(dimensions.suggest(self.dimensions(), trial))
+        return self.config_from_params(walk.suggest(self.dimensions(), trial))
 
     def epsilon_notes(self) -> list[str]:
         """One line per searched epsilon saying where it is searched."""
@@ -253,7 +257,7 @@ class SearchSpace:
         first choice; no epsilon where offered; float32 placements off)."""
         wanted = {POLICY: policy, LOSS_SCALE: loss_scale,
                   **{float32_group_param(group): True for group in float32_groups}}
-        return dimensions.pick(self.dimensions(), wanted)
+        return walk.pick(self.dimensions(), wanted)
 
     def baseline_params(self) -> dict[str, Any]:
         params = self.params_for("float32")
@@ -276,11 +280,11 @@ class SearchSpace:
 
     def grid_params(self) -> Iterator[dict[str, Any]]:
         """The Optuna params of every distinct config (``suggest`` maps each to its config)."""
-        return dimensions.grid(self.dimensions())
+        return walk.grid(self.dimensions())
 
     def size(self) -> int:
         """Number of distinct configs, computed without enumerating the grid."""
-        return dimensions.count(self.dimensions())
+        return walk.count(self.dimensions())
 
     def choices(self) -> dict[str, tuple[Any, ...]]:
         """Every parameter ``suggest`` may ask for, with its choices."""
