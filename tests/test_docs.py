@@ -80,7 +80,7 @@ def _copy_of_the_docs(tmp_path: Path) -> Path:
     """The site's sources in ``tmp_path`` (the code it reads linked, not copied)."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
-    for name in ("examples", "tuner"):
+    for name in ("examples", "tuner", "CHANGELOG.md"):
         (tmp_path / name).symlink_to(ROOT / name)
     return tmp_path
 
