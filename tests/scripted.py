@@ -1,6 +1,6 @@
 """A scripted executor: trials return chosen results, so the search's decisions can be tested.
 
-It satisfies ``tuner.execution.local.Executor`` like the local and Ray executors do. A ``Machine``
+It derives from ``tuner.execution.base.Executor`` like the local and Ray executors do. A ``Machine``
 describes the pretend hardware: each config's true step time, the run-to-run drift and step
 jitter of a shared 2-core box, and (optionally) a penalty on the first run of a fresh worker.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.apply.config import PrecisionConfig
+from tuner.execution.base import Executor
 from tuner.judging.objective import Objective
 from tuner.run.plan import Remeasurement, RunPlan
 from tuner.search.proposer import Proposer
@@ -108,7 +109,7 @@ class Machine:
         return result
 
 
-class ScriptedExecutor:
+class ScriptedExecutor(Executor):
     def __init__(self, machine: Machine, slots: int = 1) -> None:
         self.machine = machine
         self.slots = slots
@@ -116,7 +117,8 @@ class ScriptedExecutor:
         self.remeasured: list[int] = []            # trial numbers run in exclusive sessions
         self._pending: list[TrialSpec] = []
 
-    def probe(self, task_path: str, steps: int, timeout_s: float = 0) -> dict:
+    def probe(self, task_path: str, steps: int, patterns=(), timeout_s: float = 0,
+              ceiling: bool = False, diagnose_steps: int = 0) -> dict:
         return {}
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 0) -> dict:

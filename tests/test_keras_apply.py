@@ -2,13 +2,12 @@
 
 import warnings
 
+import keras
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
-
-from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig  # noqa: E402
-from tuner.apply.loss_scaling import FlooredLossScaleOptimizer, current_loss_scale  # noqa: E402
+from tuner.apply.config import Epsilon, Float32Placement, LossScale, PrecisionConfig
+from tuner.apply.loss_scaling import FlooredLossScaleOptimizer, current_loss_scale
 
 CFG = PrecisionConfig("mixed_float16", LossScale("dynamic"), Epsilon(1e-4, 1e-3),
                       Float32Placement(("normalization", "softmax"), ("keep_me",)))

@@ -40,7 +40,9 @@ def test_the_guides_gan_tunes_end_to_end(tmp_path, executor):
     assert float16, [t["config"]["policy"] for t in trained]
     for record in float16[0]["result"]["optimizers"]:
         assert record["initial_loss_scale"] == 2.0 ** 15
-        assert all(scale >= 1.0 for scale in record["loss_scales"])
+        # A dynamic scale read at each step: 2 ** 15 halved on each overflow, floored at 1.
+        assert record["loss_scales"] and set(record["loss_scales"]) <= {2.0 ** k
+                                                                      for k in range(16)}
     assert json.loads(out.read_text())["policy"] in ("float32", "mixed_bfloat16",
                                                       "mixed_float16")
     if executor == "local":   # the export applied as the example shows (the docs include it)

@@ -72,10 +72,11 @@ def test_task_file_must_exist(tmp_path):
 
 
 def test_a_worker_error_reads_as_its_own_type_and_first_line():
+    import ray
+
     from tuner.errors import error_line
 
     assert error_line(ValueError("No loss to compute.\nmore")) == "ValueError: No loss to compute."
-    ray = pytest.importorskip("ray")
     wrapped = ray.exceptions.RayTaskError(
         "probe", "Traceback (most recent call last): ...", ValueError("No loss to compute."),
         actor_repr="<tuner.execution.ray_actor.TrialActor object>")

@@ -1,13 +1,12 @@
 """Pure 16-bit weights that still move: stochastic rounding and compensated (Kahan) updates,
 proved on the numbers directly."""
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
-
-from tuner.apply.weight_update import stochastic_round, wrap  # noqa: E402
+from tuner.apply.weight_update import stochastic_round, wrap
 
 
 def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour():

@@ -6,12 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.worker.continuous_inputs import erased_features  # noqa: E402
-from tuner.worker.trial import run_trial  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.continuous_inputs import erased_features
+from tuner.worker.trial import run_trial
 
 ROOT = Path(__file__).parent.parent.parent
 GEO = str(ROOT / "tests" / "quality" / "geo_coordinates.py")

@@ -3,9 +3,7 @@
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from tuner.worker.diagnose import (FLOAT16_MAX, diagnose_task,  # noqa: E402
+from tuner.worker.diagnose import (FLOAT16_MAX, diagnose_task,
                                    recommend_loss_scale, tensor_stats)
 
 

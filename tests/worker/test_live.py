@@ -1,13 +1,9 @@
 """Live models: the re-measurement builds and traces each config once, then trains it on."""
 
-import pytest
-
-pytest.importorskip("tensorflow")
-
-from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.worker import live, live_models  # noqa: E402
-from tuner.worker.trial import run_trial  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker import live, live_models
+from tuner.worker.trial import run_trial
 
 
 def _spec(path, cfg, **extra):

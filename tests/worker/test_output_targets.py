@@ -6,11 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from tuner.records.diagnostics_report import conclusions  # noqa: E402
-from tuner.search.space_files import load_space  # noqa: E402
-from tuner.worker.output_targets import _elementwise, _needs_float32  # noqa: E402
+from tuner.records.diagnostics_report import conclusions
+from tuner.search.space_files import load_space
+from tuner.worker.output_targets import _elementwise, _needs_float32
 
 ROOT = Path(__file__).parent.parent.parent
 HOUSES = str(ROOT / "examples" / "house_prices.py")

@@ -2,9 +2,7 @@
 
 import pytest
 
-pytest.importorskip("keras")
-
-from tuner.worker.probe import probe_task  # noqa: E402
+from tuner.worker.probe import probe_task
 
 TASK = """
 import keras, numpy as np

@@ -5,12 +5,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from tuner.apply.config import Float32Placement, PrecisionConfig  # noqa: E402
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.worker.failures import classify, layer_for_node, read_error  # noqa: E402
-from tuner.worker.trial import run_trial  # noqa: E402
+from tuner.apply.config import Float32Placement, PrecisionConfig
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.failures import classify, layer_for_node, read_error
+from tuner.worker.trial import run_trial
 
 ZOO = Path(__file__).parent.parent / "zoo"
 FLOAT_IDS = str(ZOO / "float_token_ids.py")

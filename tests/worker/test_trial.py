@@ -5,14 +5,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig  # noqa: E402
-from tuner.errors import TaskError  # noqa: E402
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.judging.verdict import Verdict, judge  # noqa: E402
-from tuner.worker.probe import probe_task  # noqa: E402
-from tuner.worker.trial import run_trial  # noqa: E402
+from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
+from tuner.errors import TaskError
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.judging.verdict import Verdict, judge
+from tuner.worker.probe import probe_task
+from tuner.worker.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 

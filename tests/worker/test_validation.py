@@ -2,15 +2,13 @@
 (tuner.worker.validation): where they come from, that no trial trains on them, and what a
 model that cannot be evaluated gives."""
 
+import keras
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
-tf = pytest.importorskip("tensorflow")
-
-from tuner.worker.task_loader import (VAL_BATCHES, fixed_batches, load_task,  # noqa: E402
+from tuner.worker.task_loader import (VAL_BATCHES, fixed_batches, load_task,
                                       validation_batches)
-from tuner.worker.validation import evaluate  # noqa: E402
+from tuner.worker.validation import evaluate
 
 MODEL = """
 import keras, numpy as np

@@ -7,15 +7,14 @@ model trains in a trial, in float32 and in a 16-bit policy.
 import math
 from pathlib import Path
 
+import keras
 import pytest
 
-keras = pytest.importorskip("keras")
-
-from tuner.apply.config import FLOAT32_GROUPS, Float32Placement, PrecisionConfig  # noqa: E402
-from tuner.apply.layers import float32_matches, layer_paths  # noqa: E402
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec  # noqa: E402
-from tuner.worker.task_loader import fixed_batches, load_task  # noqa: E402
-from tuner.worker.trial import reset_keras_state, run_trial  # noqa: E402
+from tuner.apply.config import FLOAT32_GROUPS, Float32Placement, PrecisionConfig
+from tuner.apply.layers import float32_matches, layer_paths
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.task_loader import fixed_batches, load_task
+from tuner.worker.trial import reset_keras_state, run_trial
 
 ZOO = Path(__file__).parent
 MODELS = sorted(path.stem for path in ZOO.glob("*.py")

@@ -1,4 +1,4 @@
-"""Where trials run: the ``Executor`` protocol (``base``), one local subprocess
+"""Where trials run: the ``Executor`` base class (``base``), one local subprocess
 (``local``), a pool of Ray actors (``ray_pool``), and the watchdog that cleans up after a
 killed driver (``watchdog``). Hands plain ``TrialSpec``s to ``tuner.worker`` and gets plain
 ``TrialResult``s back; never imports TensorFlow itself.

@@ -1,4 +1,4 @@
-"""Trials in one local subprocess: ``LocalProcessExecutor`` (``tuner.execution.base.Executor``).
+"""Trials in one local subprocess: ``LocalProcessExecutor``, a ``tuner.execution.base.Executor``.
 
 ``LocalProcessExecutor`` keeps one long-lived worker program (tuner.execution.local_worker; its
 own program, so the driver never imports TensorFlow and the worker never re-runs the caller's
@@ -15,8 +15,8 @@ import tempfile
 from typing import Iterator, Sequence
 
 from tuner.errors import TrialInfrastructureError, TunerError, error_line
+from tuner.execution.base import Executor
 from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
-from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.worker import process as worker_process
 from tuner.worker.live import run_live
@@ -42,11 +42,11 @@ def fresh_process_peak_rss(spec: TrialSpec, timeout_s: float = 600.0) -> int | N
     return int(answer["peak_rss_bytes"]) if ok else None
 
 
-class LocalProcessExecutor:
+class LocalProcessExecutor(Executor):
     """One reusable worker process on this machine; trials run one at a time (exclusive)."""
 
-    slots = 1
     runs_here = True  # trials run on this machine
+    keeps_live_models = True  # one worker runs the trials and the re-measurement
 
     def __init__(self, log_path: str | None = None) -> None:
         if log_path is None:
@@ -55,7 +55,6 @@ class LocalProcessExecutor:
         self.log_path = log_path
         self._worker: WorkerProcess | None = None
         self._pending: tuple[TrialSpec, float] | None = None
-        self.submissions: SubmissionLog | None = None
 
     def _ensure_worker(self) -> WorkerProcess:
         if self._worker is None:
@@ -88,12 +87,13 @@ class LocalProcessExecutor:
         Also reports which layers each float32 group and each of ``patterns`` selects, with
         ``ceiling`` each precision's speed on the worker's device, and with ``diagnose_steps``
         the model's diagnostics (``tuner.worker.probe.probe_task``)."""
-        return self._call("checking the task", worker_process.probe, task_path, steps, list(patterns),
-                          ceiling, diagnose_steps, timeout_s=timeout_s)
+        return self._call("checking the task", worker_process.probe, task_path, steps,
+                          list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
         """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
-        return self._call("diagnostics", worker_process.diagnose, task_path, steps, timeout_s=timeout_s)
+        return self._call("diagnostics", worker_process.diagnose, task_path, steps,
+                          timeout_s=timeout_s)
 
     # The same interface as RayExecutor, with one slot: a submitted trial runs in wait_any().
     def in_flight(self) -> int:
@@ -109,8 +109,6 @@ class LocalProcessExecutor:
             return []
         (spec, limit), self._pending = self._pending, None
         return [self.run(spec, limit)]
-
-    keeps_live_models = True  # one worker runs the trials and the re-measurement
 
     def keep_live_only(self, specs: list[TrialSpec]) -> None:
         """Let the worker keep only these specs' models alive."""
@@ -152,12 +150,6 @@ class LocalProcessExecutor:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
-
-    def __enter__(self) -> "LocalProcessExecutor":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 class _LocalSession:

@@ -26,8 +26,8 @@ from typing import Sequence
 from tuner import job_context
 from tuner.errors import (TaskError, TrialInfrastructureError, TunerError, UsageError, error_line,
                           first_line)
-from tuner.records.run_store import SubmissionLog
 from tuner.trial_types import TrialResult, TrialSpec
+from tuner.execution.base import Executor
 from tuner.execution.ray_actor import trial_actor_class
 from tuner.execution.ray_exclusive import ExclusiveTiming
 from tuner.execution.ray_lifecycle import ActorLifecycle
@@ -36,7 +36,7 @@ from tuner.execution.warm_pool import Lender, find_keeper
 from tuner.execution.watchdog import share_fate
 
 
-class RayExecutor(ActorLifecycle, ExclusiveTiming):
+class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
     """``workers`` actors; ``address=None`` starts (and later stops) a local Ray instance."""
 
     def __init__(self, workers: int = 1, address: str | None = None,
@@ -53,8 +53,6 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming):
         self.node_wait_s = node_wait_s
         self._owns_ray = False
         self._fate = None
-        # Called with a line when the job waits (for a node); the job points it at its records.
-        self.announce = None
         # When and where each exclusive session ran: plain data for run.json and MLflow.
         self.exclusive_phases: list[dict] = []
         if not ray.is_initialized():
@@ -92,7 +90,6 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming):
         self._slots: list[Slot] = []
         self._finished: list[TrialResult] = []
         self.task_source_cache: dict[str, dict] = {}
-        self.submissions: SubmissionLog | None = None  # see tuner.execution.local.Executor
         # Trials whose node was lost mid-trial, waiting for a worker on a surviving node; and
         # a line per node lost, for the summary and run.json.
         self._requeued: list[tuple[TrialSpec, float]] = []
@@ -320,11 +317,3 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming):
         if self._fate is not None:
             self._fate.release()
             self._fate = None
-
-    def __enter__(self) -> "RayExecutor":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-

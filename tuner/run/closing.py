@@ -18,6 +18,7 @@ from tuner.records.results import TrialRow, TuneSummary, row_record
 from tuner.records.run_store import RunStore
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.search.space import effective_placement
+from tuner.execution.base import Executor
 from tuner.execution.local import fresh_process_peak_rss
 from tuner.records.plots import make_all
 from tuner.records.report import summary_markdown
@@ -187,18 +188,18 @@ def trials_table(summary: TuneSummary) -> dict[str, list]:
     return columns
 
 
-def node_losses(executor, store: RunStore) -> list[str]:
+def node_losses(executor: Executor, store: RunStore) -> list[str]:
     """Ray nodes lost mid-trial (their trials ran again elsewhere): run.json and the summary."""
-    losses = list(getattr(executor, "node_losses", []) or [])
+    losses = list(executor.node_losses)
     if losses:
         store.update_run(node_losses=losses)
     return losses
 
 
-def record_exclusive_phases(executor, store: RunStore, tracker) -> None:
+def record_exclusive_phases(executor: Executor, store: RunStore, tracker) -> None:
     """When and on which node the finalists were timed with a node to themselves: run.json and
     the parent run (``exclusive_phases.json``), so overlaps between jobs can be checked."""
-    phases = list(getattr(executor, "exclusive_phases", []) or [])
+    phases = list(executor.exclusive_phases)
     if not phases:
         return
     store.update_run(exclusive_phases=phases)

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from tuner import job_context
+from tuner.execution.base import Executor
 from tuner.run.plan import RunPlan
 from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
 from tuner.search.study_versions import continue_study, fits
@@ -75,7 +76,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
     return study, scheduler_factory(study, []), []
 
 
-def tune(plan: RunPlan, executor, progress: Progress | None = None,
+def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
          task_info: dict[str, Any] | None = None, started: float | None = None,
          diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
          ) -> TuneSummary:
@@ -104,8 +105,8 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
     _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info)
-    if hasattr(executor, "announce"):  # a shared cluster: say in MLflow when waiting for a node
-        executor.announce = lambda phase: _announce(tracker, phase)
+    # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
+    executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
         records.after_first_trial(tracker.log_diagnostics, diagnostics)
     if task_info.get("ceiling"):
@@ -113,7 +114,7 @@ def tune(plan: RunPlan, executor, progress: Progress | None = None,
     clock.add("opening records", time.perf_counter() - opening)
     exhausted, outcome = _search(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
-    if plan.objective.uses_memory and getattr(executor, "runs_here", False):
+    if plan.objective.uses_memory and executor.runs_here:
         with clock.phase("memory check"):
             outcome.objective_lines.append(fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from tuner import interrupt
 from tuner.apply.config import PrecisionConfig, compute_dtype_of
 from tuner.errors import TunerError
+from tuner.execution.base import Executor
 from tuner.run.plan import RunPlan
 from tuner.search.proposer import Proposal, Proposer
 from tuner.records.results import NoProgress, Progress, TrialRow
@@ -64,8 +65,9 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
 
 
 class Scheduler:
-    def __init__(self, plan: RunPlan, executor, proposer: Proposer, records: TrialRecords,
-                 progress: Progress | None = None, clock: TimeBreakdown | None = None) -> None:
+    def __init__(self, plan: RunPlan, executor: Executor, proposer: Proposer,
+                 records: TrialRecords, progress: Progress | None = None,
+                 clock: TimeBreakdown | None = None) -> None:
         self.plan = plan
         self.executor = executor
         self.proposer = proposer
@@ -212,7 +214,7 @@ class Scheduler:
         self.executor.submit(spec, self.plan.trial_time_limit_s)
 
     def _keeps_candidates(self) -> bool:
-        if not getattr(self.executor, "keeps_live_models", False) or self.executor.slots > 1:
+        if not self.executor.keeps_live_models or self.executor.slots > 1:
             return False
         memory = (self.baseline.result.training_memory or {}) if self.baseline else {}
         return memory.get("total_bytes", 0) <= LIVE_MODELS_MEMORY_BOUND
