@@ -118,7 +118,7 @@ def _run_job(args, plan, executor, console, store, previous, clock, started, tas
     with live_progress(console, plan.trials, done) as progress:
         summary = tune(plan, executor, progress, task_info, started=started,
                        diagnostics=diagnostics, clock=clock)
-    if isinstance(executor, LocalProcessExecutor):
+    if executor.log_path is not None:
         _copy_log(executor.log_path, plan.run_dir / "worker.log")
     return summary
 

@@ -43,6 +43,7 @@ class Executor(ABC):
     # its records. Only an executor on a shared cluster ever waits.
     announce: Callable[[str], None] | None = None
     node_losses: Sequence[str] = ()        # a line per node lost mid-trial, for run.json
+    log_path: str | None = None            # a worker log on this machine, copied to the run
     exclusive_phases: Sequence[dict] = ()  # when and where each exclusive session ran
 
     @abstractmethod
