@@ -1,6 +1,11 @@
-"""One tuning job from flags to records: the plan (``plan``), the trial loop (``trial_loop``),
-the re-measurement of the finalists (``remeasure``), the confirmation run (``confirm``), the
-job that ties them together (``job``), and the static check of a task file (``task_file``); and a whole training under an
-exported config with the precision guard, float32 beside it (``guarded_training``).
-Imports everything below it (core, apply, judging, search, records, worker data, execution).
+"""One tuning job from flags to records, and a whole guarded training: what the user asked for and
+what a resumed run keeps (``flags``), every setting resolved once (``plan``), the trial loop
+(``trial_loop``, its records ``trial_records``), the finalists (``finalists``) re-measured
+(``remeasure``; under the memory and balanced objectives ``by_objective``), the confirmation
+run (``confirm``, ``confirmation``), the closing records (``closing``), the job that ties them
+together (``job``), why a loss scale was chosen (``loss_scale_why``), the static check of a
+task file (``task_file``), and ``precision-tuner train``'s whole training beside float32
+(``guarded_training``). Imports what stands below it (core, apply, judging, search, records,
+execution; the worker only by its module names, run in other processes); never TensorFlow,
+never ``api`` or ``cli``.
 """
