@@ -5,11 +5,12 @@ that would overflow float16 (> 65504); the fraction of non-zero values that woul
 float16 (flush to zero below 2^-24, or lose precision as subnormals below 2^-14); bfloat16's
 mean relative rounding error; and a histogram of binary exponents, from which the share float16
 flushes at any loss scale is read (tuner.judging.underflow). ``record_step`` merges one
-instrumented step's tensors into per-layer records, ``diagnostics_from`` ranks the layers at risk
-(``risk_score``) into float32 placement candidates, after the layers the input and target
+instrumented step's tensors into per-layer records; ``diagnostics_from`` ranks the layers at
+risk (``risk_score``) into float32 placement candidates, after the layers the input and target
 checks name, and recommends an initial loss scale (``recommend_loss_scale``); ``unavailable``
-is the same shape where no step could be traced. The steps themselves are tuner.worker.diagnose's
-(a compiled loss) and tuner.worker.diagnose_steps' (a task's own ``train_step``).
+is the same shape where no step could be traced. The steps themselves are
+tuner.worker.diagnose's (a compiled loss) and tuner.worker.diagnose_steps' (a task's own
+``train_step``).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _add_flushed_shares(layers: list[dict[str, Any]], recommended: float) -> Non
 
 
 def record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
-                 activation_grads: list, weights: list, weight_grads: list) -> None:
+                activation_grads: list, weights: list, weight_grads: list) -> None:
     """Merge one step's activations, their gradients and the weight gradients into
     ``records`` (by layer path, first seen first in ``order``)."""
     for (name, layer, tensor), gradient in zip(captured, activation_grads):
@@ -136,6 +137,22 @@ def record_step(records: dict[str, dict[str, Any]], order: list[str], captured: 
         if name is not None and gradient is not None:
             records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
                                                       tensor_stats(gradient))
+
+
+def diagnostics_from(task, steps: int, layers: list[dict[str, Any]],
+                     found: dict[str, list]) -> dict[str, Any]:
+    """The diagnostics from what the instrumented steps recorded."""
+    for layer in layers:
+        layer["risk"] = risk_score(layer)
+    grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
+    grad_max = max((g["abs_max"] for g in grads), default=0.0)
+    grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
+    candidates = _candidates(layers, _rounded_and_heads(found))
+    loss_scale = recommend_loss_scale(grad_max, grad_p01)
+    _add_flushed_shares(layers, loss_scale["initial_scale"])
+    return {"task": str(task.path), "steps": steps, "layers": layers,
+            "candidates": candidates, **found, "loss_scale": loss_scale,
+            "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
 
 
 def unavailable(task, steps: int, why: str,
@@ -156,19 +173,3 @@ def _rounded_and_heads(findings: dict[str, list]) -> list[str]:
     return [*(e["layer"] for e in findings["integer_inputs"]),
             *(e["layer"] for e in findings["continuous_inputs"]),
             *(path for e in findings["output_heads"] for path in e["layers"])]
-
-
-def diagnostics_from(task, steps: int, layers: list[dict[str, Any]],
-              found: dict[str, list]) -> dict[str, Any]:
-    """The diagnostics from what the instrumented steps recorded."""
-    for layer in layers:
-        layer["risk"] = risk_score(layer)
-    grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
-    grad_max = max((g["abs_max"] for g in grads), default=0.0)
-    grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    candidates = _candidates(layers, _rounded_and_heads(found))
-    loss_scale = recommend_loss_scale(grad_max, grad_p01)
-    _add_flushed_shares(layers, loss_scale["initial_scale"])
-    return {"task": str(task.path), "steps": steps, "layers": layers,
-            "candidates": candidates, **found, "loss_scale": loss_scale,
-            "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
