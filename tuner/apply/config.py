@@ -210,6 +210,11 @@ class PrecisionConfig:
         flush to zero."""
         return self.compute_dtype == "float16" and self.loss_scale.kind == "none"
 
+    @property
+    def weights_16bit(self) -> bool:
+        """The weights are 16-bit too, not only the compute (float16, bfloat16)."""
+        return self.policy in PURE_POLICIES
+
     def describe(self) -> str:
         """A short readable name, e.g. ``mixed_float16 · dynamic 2^15 · f32: norm,softmax``."""
         parts = [self.policy]

@@ -175,6 +175,18 @@ class Float32Placer:
                 self._unbuilt.add(layer)
         self._check_patterns_when_built()
 
+    def place_in_built_model(self, model: keras.Model, layer: keras.layers.Layer,
+                             path: str) -> None:
+        """Decide ``layer``, at ``path`` in ``model``, which is built and training (the guard
+        moves a layer mid-training): nothing is constructed any more and no pattern is left to
+        check; every layer's owner is read off the model, so the placed layer hands its
+        outputs back in its owner's dtype."""
+        self._scope_open = False
+        self._checked = True
+        for member in [model] + [sublayer for sublayer, _ in layer_paths(model)]:
+            self._record_children(member)
+        self.decide(layer, path)
+
     # -- deciding --------------------------------------------------------------------------
     def decide(self, layer: keras.layers.Layer, path: str | None) -> None:
         if isinstance(layer, keras.layers.InputLayer) or layer in self._explicit:

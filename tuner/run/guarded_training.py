@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 
 from tuner.apply.config import PrecisionConfig
+from tuner.apply.guard.report import (ARTIFACT, DONE, EPOCH, EVENTS_TAG, guard_record,
+                                      read_line)
 from tuner.errors import TaskError, UsageError
 from tuner.judging.learning import LEVEL_ALLOWANCE
 from tuner.records.mlflow_records import experiment_for
 from tuner.records.mlflow_stores import default_tracking_uri
 
-_EPOCH, _DONE = "PT-EPOCH ", "PT-DONE "   # tuner.worker.guarded_train's lines
 _LAST_EPOCHS = 3   # the verdict compares the mean of each run's last epochs (one epoch is noisy)
 
 
@@ -40,15 +41,15 @@ def _start(task: Path, which: str, epochs: int, guard: bool) -> subprocess.Popen
 
 
 def _follow(name: str, process: subprocess.Popen, results: dict, lock: threading.Lock) -> None:
-    for line in process.stdout:
-        if line.startswith(_EPOCH):
-            figures = json.loads(line[len(_EPOCH):])
-            key = "val_loss" if "val_loss" in figures else "loss"
+    for line in process.stdout:   # tuner.worker.guarded_train's lines
+        kind, data = read_line(line)
+        if kind == EPOCH:
+            key = "val_loss" if "val_loss" in data else "loss"
             with lock:
-                print(f"  {name:8s} epoch {figures['epoch']:3d}: {key} "
-                      f"{figures.get(key, float('nan')):.5g}", flush=True)
-        elif line.startswith(_DONE):
-            results[name] = json.loads(line[len(_DONE):])
+                print(f"  {name:8s} epoch {data['epoch']:3d}: {key} "
+                      f"{data.get(key, float('nan')):.5g}", flush=True)
+        elif kind == DONE:
+            results[name] = data
 
 
 def train(task: Path, config_path: Path, epochs: int, against: str | None,
@@ -117,13 +118,12 @@ def _log_to_mlflow(record: dict, results: dict, tracking_uri: str, experiment: s
         run = client.create_run(experiment_id, run_name=f"train {name}",
                                 tags={"precision_tuner.kind": "guarded_training",
                                       "precision_tuner.run": name,
-                                      "precision_guard.events": str(len(result["events"]))})
+                                      EVENTS_TAG: str(len(result["events"]))})
         for key, values in result["history"].items():
             for epoch, value in enumerate(values):
                 if math.isfinite(value):
                     client.log_metric(run.info.run_id, key, value, step=epoch + 1)
-        client.log_dict(run.info.run_id, {"events": result["events"],
-                                          "config": result["config"]}, "precision_guard.json")
+        client.log_dict(run.info.run_id, guard_record(result["events"], result["config"]), ARTIFACT)
         if name == "config" and "ratio" in record and math.isfinite(record["ratio"]):
             measure = record["verdict"]["measure"]  # val_loss, or loss without validation
             client.log_metric(run.info.run_id, f"{measure}_ratio_vs_float32", record["ratio"])

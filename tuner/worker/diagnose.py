@@ -15,115 +15,25 @@ receive continuous features that a 16-bit cast erases (``continuous_inputs``: a 
 small spread, see tuner.worker.continuous_inputs), and output layers whose targets a 16-bit
 output cannot produce (``output_heads``, see tuner.worker.output_targets) are candidates ahead
 of all others.
-Plain data out (``diagnose_task`` returns a dict).
+Plain data out (``diagnose_task`` returns a dict). The statistics and what they conclude are
+tuner.worker.layer_ranges'; each step is traced by tuner.apply.instruments.traced_step, or, for
+a model the task compiles itself, read from its own ``train_step`` (tuner.worker.diagnose_steps).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 from tuner.errors import first_line
-from tuner.judging.underflow import flushed_fraction
+from tuner.worker.diagnose_steps import diagnose_by_steps
+from tuner.worker.layer_ranges import (FLOAT16_MAX, diagnostics_from, recommend_loss_scale,
+                                       record_step, tensor_stats, unavailable)
 from tuner.worker.layer_watch import LayerWatch, forward_findings
 from tuner.worker.task_model import has_forward_pass
 from tuner.worker.trial import reset_keras_state
 
-FLOAT16_MAX = 65504.0
-FLOAT16_MIN_NORMAL = 2.0**-14
-FLOAT16_MIN_SUBNORMAL = 2.0**-24
-_LOSS_SCALE_HEADROOM = 2.0**15   # keep the scaled largest gradient below half of float16's max
-_MAX_LOSS_SCALE_EXPONENT = 24
-_MIN_CANDIDATE_RISK = 0.05  # e.g. 5% of activations flushing to zero, or any overflow
-
-
-def tensor_stats(values) -> dict[str, float]:
-    """Range statistics of one tensor, as plain floats."""
-    import tensorflow as tf
-
-    if isinstance(values, tf.IndexedSlices):  # embedding gradients: only the touched rows
-        values = values.values
-    array = np.asarray(values, dtype=np.float64).ravel()
-    finite = array[np.isfinite(array)]
-    magnitude = np.abs(finite)
-    nonzero = magnitude[magnitude > 0]
-    if nonzero.size:
-        as_bf16 = tf.cast(tf.cast(nonzero, tf.bfloat16), tf.float64).numpy()
-        bf16_error = float(np.mean(np.abs(as_bf16 - nonzero) / nonzero))
-        small = float(np.percentile(nonzero, 1))
-    else:
-        bf16_error, small = 0.0, 0.0
-    count = max(1, array.size)
-    exponents, counts = np.unique(np.floor(np.log2(nonzero)).astype(np.int64),
-                                  return_counts=True) if nonzero.size else ((), ())
-    return {
-        "abs_max": float(magnitude.max()) if magnitude.size else 0.0,
-        "p01_nonzero": small,
-        "non_finite_fraction": float((array.size - finite.size) / count),
-        "overflow_fraction": float(np.count_nonzero(magnitude > FLOAT16_MAX) / count),
-        "underflow_fraction": float(np.count_nonzero(nonzero < FLOAT16_MIN_SUBNORMAL)
-                                    / max(1, nonzero.size)),
-        "subnormal_fraction": float(np.count_nonzero(nonzero < FLOAT16_MIN_NORMAL)
-                                    / max(1, nonzero.size)),
-        "bf16_rel_error": bf16_error,
-        # How many non-zero values have each binary exponent: |v| in [2^e, 2^(e+1)).
-        "log2_counts": {str(int(e)): int(c) for e, c in zip(exponents, counts)},
-    }
-
-
-def _merge(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
-    if old is None:
-        return new
-    merged = {key: max(old[key], new[key]) for key in old if key != "log2_counts"}
-    counts = dict(old.get("log2_counts", {}))
-    for exponent, count in new.get("log2_counts", {}).items():
-        counts[exponent] = counts.get(exponent, 0) + count
-    merged["log2_counts"] = counts
-    merged["p01_nonzero"] = min(v for v in (old["p01_nonzero"], new["p01_nonzero"]) if v) \
-        if old["p01_nonzero"] or new["p01_nonzero"] else 0.0
-    return merged
-
-
-def risk_score(layer: dict[str, Any]) -> float:
-    """How much a layer stands to lose in float16: overflow weighs most, then underflow."""
-    act, grad = layer.get("activation") or {}, layer.get("gradient") or {}
-    score = 10.0 * (act.get("overflow_fraction", 0) + grad.get("overflow_fraction", 0))
-    score += 5.0 * act.get("non_finite_fraction", 0)
-    if act.get("abs_max", 0) > FLOAT16_MAX / 4:
-        score += 1.0  # near the edge: one more doubling overflows
-    score += act.get("underflow_fraction", 0) + 0.5 * act.get("subnormal_fraction", 0)
-    return score
-
-
-def recommend_loss_scale(gradient_abs_max: float, gradient_p01: float) -> dict[str, float]:
-    """The largest power of two that keeps the largest gradient below half of float16's max,
-    and how many of the small gradients it lifts out of float16's subnormal range."""
-    if gradient_abs_max <= 0:
-        return {"initial_scale": 2.0**15, "exponent": 15, "lifts_p01_to_normal": False}
-    exponent = math.floor(math.log2(_LOSS_SCALE_HEADROOM / gradient_abs_max))
-    exponent = max(0, min(_MAX_LOSS_SCALE_EXPONENT, exponent))
-    scale = 2.0**exponent
-    return {"initial_scale": scale, "exponent": exponent,
-            "lifts_p01_to_normal": bool(gradient_p01 * scale >= FLOAT16_MIN_NORMAL)}
-
-
-def _candidates(layers: list[dict[str, Any]], rounded_inputs: list[str]) -> list[str]:
-    """The float32 placement candidates: layers whose inputs 16-bit rounding corrupts silently
-    (integers taken as floats, continuous features it cannot resolve) first, then the riskiest."""
-    ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
-                    key=lambda layer: layer["risk"], reverse=True)
-    candidates = list(dict.fromkeys(rounded_inputs))
-    return candidates + [layer["layer"] for layer in ranked if layer["layer"] not in candidates]
-
-
-def _add_flushed_shares(layers: list[dict[str, Any]], recommended: float) -> None:
-    """Each layer's share of weight gradients float16 flushes, at scale 1 and ``recommended``."""
-    for layer in layers:
-        if layer["weight_gradient"]:
-            layer["weight_gradient_flushed"] = {
-                "at_1": flushed_fraction(layer["weight_gradient"], 1.0),
-                "at_recommended": flushed_fraction(layer["weight_gradient"], recommended)}
+__all__ = ["FLOAT16_MAX", "diagnose_model", "diagnose_task", "diagnostics_or_why",
+           "recommend_loss_scale", "tensor_stats"]   # the ranges' own, named here too
 
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
@@ -143,8 +53,6 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
     judge every config."""
     try:
         if task.compile_model is not None:
-            from tuner.worker.diagnose_steps import diagnose_by_steps
-
             return diagnose_by_steps(task, model, batches, steps)
         return diagnose_model(task, model, batches, steps)
     except Exception as exc:  # noqa: BLE001 - a courtesy to the search, never its end
@@ -160,54 +68,12 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
     return unavailable(task, steps, why, findings)
 
 
-def _record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
-                 activation_grads: list, weights: list, weight_grads: list) -> None:
-    """Merge one step's activations, their gradients and the weight gradients into
-    ``records`` (by layer path, first seen first in ``order``)."""
-    for (name, layer, tensor), gradient in zip(captured, activation_grads):
-        record = records.setdefault(name, {"layer": name, "class": type(layer).__name__,
-                                           "activation": None, "gradient": None,
-                                           "weight_gradient": None})
-        if name not in order:
-            order.append(name)
-        record["activation"] = _merge(record["activation"], tensor_stats(tensor))
-        if gradient is not None:   # None: not traceable (tuner.worker.diagnose_steps)
-            record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
-    owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
-    for weight, gradient in zip(weights, weight_grads):
-        name = owners.get(id(weight))
-        if name is not None and gradient is not None:
-            records[name]["weight_gradient"] = _merge(records[name]["weight_gradient"],
-                                                      tensor_stats(gradient))
-
-
-def unavailable(task, steps: int, why: str,
-                findings: dict[str, list] | None = None) -> dict[str, Any]:
-    """Diagnostics that could not be taken (``why``): no layer, Keras's own initial loss
-    scale; the input and target checks where ``findings`` has them (``forward_findings``),
-    their layers the only candidates. The search then runs on the space as written."""
-    findings = {"integer_inputs": [], "continuous_inputs": [], "output_heads": [],
-                **(findings or {})}
-    return {"task": str(task.path), "steps": steps, "layers": [],
-            "candidates": _candidates([], _rounded_and_heads(findings)), **findings,
-            "loss_scale": recommend_loss_scale(0.0, 0.0),
-            "gradient_abs_max": 0.0, "gradient_p01_nonzero": 0.0, "unavailable": why}
-
-
-def _rounded_and_heads(findings: dict[str, list]) -> list[str]:
-    """The layers the input and target checks name, in that order."""
-    return [*(e["layer"] for e in findings["integer_inputs"]),
-            *(e["layer"] for e in findings["continuous_inputs"]),
-            *(path for e in findings["output_heads"] for path in e["layers"])]
-
-
 def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     """Diagnostics of a float32 model of ``task`` (built, or to be built on the first batch),
     from ``steps`` instrumented steps on ``batches`` (cycled). It trains the model."""
     import keras
-    import tensorflow as tf
 
-    from tuner.apply.layers import hook_layer_calls
+    from tuner.apply.instruments import traced_step
 
     model.compile(optimizer=task.optimizer(), loss=task.loss)
     first_x, _, _ = keras.utils.unpack_x_y_sample_weight(batches[0])
@@ -215,37 +81,12 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     records: dict[str, dict[str, Any]] = {}
     order: list[str] = []
     watch = LayerWatch()
-    captured = watch.captured
     for step in range(steps):
-        batch = batches[step % len(batches)]
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        captured.clear()
-        with hook_layer_calls(before=watch.inputs, after=watch.capture), \
-                tf.GradientTape() as tape:
-            prediction = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
-        watch.targets.observe(prediction, y, captured)
-        tensors = [tensor for _, _, tensor in captured]
-        weights = model.trainable_weights
-        gradients = tape.gradient(loss, tensors + weights,
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        weight_grads = gradients[len(tensors):]
-        _record_step(records, order, captured, gradients[:len(tensors)], weights, weight_grads)
+        traced = traced_step(model, batches[step % len(batches)], before=watch.inputs)
+        if traced.loss_error is not None:
+            raise traced.loss_error
+        watch.targets.observe(traced.prediction, traced.y, traced.captured)
+        output_grads, weights, weight_grads = traced.gradients()
+        record_step(records, order, traced.captured, output_grads, weights, weight_grads)
         model.optimizer.apply(weight_grads, weights)
-    return _findings(task, steps, [records[name] for name in order], watch.findings())
-
-
-def _findings(task, steps: int, layers: list[dict[str, Any]],
-              found: dict[str, list]) -> dict[str, Any]:
-    """The diagnostics from what the instrumented steps recorded."""
-    for layer in layers:
-        layer["risk"] = risk_score(layer)
-    grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
-    grad_max = max((g["abs_max"] for g in grads), default=0.0)
-    grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    candidates = _candidates(layers, _rounded_and_heads(found))
-    loss_scale = recommend_loss_scale(grad_max, grad_p01)
-    _add_flushed_shares(layers, loss_scale["initial_scale"])
-    return {"task": str(task.path), "steps": steps, "layers": layers,
-            "candidates": candidates, **found, "loss_scale": loss_scale,
-            "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
+    return diagnostics_from(task, steps, [records[name] for name in order], watch.findings())

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.worker.layer_ranges import diagnostics_from, record_step
 from tuner.worker.layer_watch import LayerWatch
 from tuner.worker.task_model import compile_by_task, watch_step
 
 
 def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
-    """Diagnostics (tuner.worker.diagnose's shape) from ``steps`` watched training steps of
+    """Diagnostics (tuner.worker.layer_ranges' shape) from ``steps`` watched training steps of
     ``model``, compiled by the task's ``compile_model`` with gradient-recording optimizers."""
     from tuner.apply.layers import hook_layer_calls
-    from tuner.worker.diagnose import _findings, _record_step
 
     applied: list[tuple[Any, Any]] = []   # (variable, gradient) as the optimizers received them
 
@@ -59,8 +59,8 @@ def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
         with hook_layer_calls(before=watch.inputs, after=watch.capture):
             watch_step(model, batches[step % len(batches)])
         pairs = [(variable, grad) for variable, grad in applied if grad is not None]
-        _record_step(records, order, watch.captured, [None] * len(watch.captured),
+        record_step(records, order, watch.captured, [None] * len(watch.captured),
                      [variable for variable, _ in pairs], [grad for _, grad in pairs])
     found = watch.findings()
     found["output_heads"] = []   # no forward pass: no outputs paired with targets
-    return _findings(task, steps, [records[name] for name in order], found)
+    return diagnostics_from(task, steps, [records[name] for name in order], found)

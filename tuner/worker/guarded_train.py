@@ -5,21 +5,19 @@ CONFIG|float32 EPOCHS [--no-guard]``. It trains as a user's script does (the pub
 task's ``val_data()`` (without one, on the last 20% of NumPy training data, which it then does
 not train on; without labels either, it does not validate: the training loss is compared),
 keeps the data's sample weights, and
-writes one JSON line per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``:
-the history, the guard's events and the amended config) on stdout.
+writes one line per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``: the
+history, the guard's events and the amended config) on stdout (tuner.apply.guard.report).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 from tuner.apply.config import PrecisionConfig
+from tuner.apply.guard.report import DONE, EPOCH, guard_record, line
 from tuner.worker.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
-
-EPOCH, DONE = "PT-EPOCH ", "PT-DONE "
 
 
 def _fit_data(task) -> dict:
@@ -58,7 +56,7 @@ def train(task_path: str, which: str, epochs: int, guarded: bool = True,
     class Report(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             figures = {key: float(value) for key, value in (logs or {}).items()}
-            print(EPOCH + json.dumps({"epoch": epoch + 1, **figures}), flush=True)
+            print(line(EPOCH, {"epoch": epoch + 1, **figures}), flush=True)
 
     guard = config.guard() if guarded and which != "float32" else None
     with config.scope():
@@ -66,13 +64,13 @@ def train(task_path: str, which: str, epochs: int, guarded: bool = True,
         compile_for_trial(model, task, config)
         history = model.fit(epochs=epochs, verbose=0,
                             callbacks=[Report()] + ([guard] if guard else []), **fit)
+    events, amended = (guard.events, guard.config) if guard else ([], config)
     return {"history": {key: [float(v) for v in values]
                         for key, values in history.history.items()},
-            "events": guard.events if guard else [],
-            "config": (guard.config if guard else config).to_dict()}
+            **guard_record(events, amended.to_dict())}
 
 
 if __name__ == "__main__":
     result = train(sys.argv[1], sys.argv[2], int(sys.argv[3]),
                    guarded="--no-guard" not in sys.argv[4:])
-    print(DONE + json.dumps(result), flush=True)
+    print(line(DONE, result), flush=True)

@@ -44,18 +44,13 @@ class LayerWatch:
         self.continuous.observe(layer, path, args, kwargs)
 
     def capture(self, layer, output) -> None:
-        import keras
         import tensorflow as tf
 
-        from tuner.apply.layers import call_path
+        from tuner.apply.instruments import layer_outputs
 
         if self.data_only:
             self.produced.extend(tf.nest.flatten(output))
-        if not isinstance(layer, keras.Model):
-            for tensor in tf.nest.flatten(output):
-                if isinstance(tensor, tf.Tensor) and hasattr(tensor, "numpy") \
-                        and tensor.dtype.is_floating:
-                    self.captured.append((call_path(layer), layer, tensor))
+        self.captured.extend(layer_outputs(layer, output))
 
     def findings(self) -> dict[str, list]:
         return {"integer_inputs": list(self.integer_inputs.values()),

@@ -124,12 +124,14 @@ def watch_step(model, batch: tuple, *, restore: bool = False) -> Any:
     """One ``train_step`` on ``batch``, eagerly (so that layer-call hooks see real tensors);
     its logs. With ``restore``, every variable of the model and of its optimizers that existed
     before is put back afterwards: the step is watched, not trained."""
-    saved = [(variable, variable.numpy()) for variable in _state(model)] if restore else []
+    from tuner.apply.instruments import HostCopy
+
+    state = _state(model) if restore else []
+    saved = HostCopy(state)
     try:
         return model.train_step(fit_input(batch))
     finally:
-        for variable, value in saved:
-            variable.assign(value)
+        saved.put_back(state)
 
 
 def _state(model) -> list:

@@ -190,26 +190,17 @@ def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: 
 def first_non_finite_layer(model, batch) -> str | None:
     """Run the forward pass on ``batch`` eagerly (a training step, for a model without one:
     tuner.worker.task_model.one_pass) and name the first layer whose output is not finite."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
+    from tuner.apply.instruments import first_non_finite, layer_outputs
+    from tuner.apply.layers import hook_layer_calls
 
-    from tuner.apply.layers import call_path, hook_layer_calls
+    captured: list = []
 
-    found: list[str] = []
+    def capture(layer, output) -> None:
+        captured.extend(layer_outputs(layer, output))
 
-    def check(layer, output) -> None:
-        if found or isinstance(layer, keras.Model):
-            return
-        for tensor in tf.nest.flatten(output):
-            if getattr(tensor, "dtype", None) is not None and tensor.dtype.is_floating \
-                    and not np.all(np.isfinite(keras.ops.convert_to_numpy(tensor))):
-                found.append(call_path(layer))
-                return
-
-    with hook_layer_calls(after=check):
+    with hook_layer_calls(after=capture):
         try:
             one_pass(model, batch, training=True)
         except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
             pass
-    return found[0] if found else None
+    return first_non_finite(captured)

@@ -3,6 +3,7 @@ and repairs it when 16-bit training fails (``callback``: ``PrecisionGuard``, its
 repair ladder), the per-step loss and its noise (``watch``), the host-memory snapshot of
 weights and optimizer state and the last training batch kept for diagnosis (``state``), the
 cause of a failure found on that batch, each repair verified before it is kept (``cause``),
-and each 16-bit layer's output against its float32 computation, which finds the layers that
-fail silently (``fidelity``).
+each 16-bit layer's output against its float32 computation, which finds the layers that
+fail silently (``fidelity``), what it reads from Keras (``readings``), and what a guarded training
+reports: its MLflow record and the lines of ``precision-tuner train``'s training (``report``).
 """

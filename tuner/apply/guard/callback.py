@@ -35,16 +35,18 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
-from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
+
+if TYPE_CHECKING:  # annotations only: the config imports this module to make a guard
+    from tuner.apply.config import PrecisionConfig
 
 __all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
 

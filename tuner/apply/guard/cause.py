@@ -2,26 +2,30 @@
 one layer, each verified on that batch before it is kept.
 
 ``probe`` runs the model as it is now (its 16-bit layers in 16 bits) forward and backward on
-the batch, eagerly, watching every layer call (``tuner.apply.scope.hook_layer_calls``): the
+the batch, eagerly, watching every layer call (``tuner.apply.instruments.traced_step``): the
 first layer whose output is non-finite (a float16 output past 65504 is inf), else, going back
 from the loss, the layer whose backward pass made a gradient non-finite at the current loss
 scale. ``place_in_float32`` moves a built layer to float32 with Keras's per-layer dtype policy
 (weights under a mixed policy are float32 already, so nothing is rebuilt), through the
-placements' own ``Float32Placer`` so that a subclassed owner that mixes the layer's output into
-raw 16-bit ops still gets its own dtype back.
+placements' own ``Float32Placer.place_in_built_model``, so that a subclassed owner that mixes
+the layer's output into raw 16-bit ops still gets its own dtype back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import keras
 
-from tuner.apply.config import Float32Placement, PrecisionConfig
-from tuner.apply.layers import call_path, hook_layer_calls, layer_paths
+from tuner.apply.instruments import first_non_finite, non_finite, traced_step
+from tuner.apply.layers import layer_paths
 from tuner.apply.scope import Float32Placer
+
+if TYPE_CHECKING:  # annotations only: the config imports the guard to make one
+    from tuner.apply.config import PrecisionConfig
 
 
 @dataclass
@@ -59,61 +63,31 @@ class Probe:
         return "nothing non-finite on this batch"
 
 
-def _non_finite(tensor) -> bool:
-    import tensorflow as tf
-
-    if tensor is None:
-        return False
-    if isinstance(tensor, tf.IndexedSlices):
-        tensor = tensor.values
-    return bool(tensor.dtype.is_floating
-                and not tf.reduce_all(tf.math.is_finite(tensor)).numpy())
-
-
 def data_non_finite(batch: Any) -> bool:
     """NaN or inf in the batch's inputs, targets or sample weights: a data fault, not a
     precision one."""
     import tensorflow as tf
 
-    return any(_non_finite(t) for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor))
+    return any(non_finite(t) for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor))
 
 
 def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
-    import tensorflow as tf
-
     found = Probe()
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     if data_non_finite(batch):
         found.data_non_finite = True
         return found
-    captured: list[tuple[str, Any, Any]] = []
-
-    def capture(layer, output) -> None:
-        if isinstance(layer, keras.Model):
-            return
-        for tensor in tf.nest.flatten(output):
-            if isinstance(tensor, tf.Tensor) and tensor.dtype.is_floating:
-                captured.append((call_path(layer), layer, tensor))
-
-    with hook_layer_calls(after=capture), tf.GradientTape() as tape:
-        prediction = model(x, training=True)
-        try:
-            loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight)
-        except Exception as exc:  # noqa: BLE001 - a train_step with its own loss
-            found.notes.append(f"no compiled loss to trace ({type(exc).__name__})")
-            loss = None
-        scaled = None if loss is None else loss * (loss_scale or 1.0)
-    found.forward = next((path for path, _, tensor in captured if _non_finite(tensor)), None)
-    if loss is None or found.forward is not None:
+    step = traced_step(model, batch, loss_scale=loss_scale)
+    if step.loss_error is not None:
+        found.notes.append(f"no compiled loss to trace ({type(step.loss_error).__name__})")
+    found.forward = first_non_finite(step.captured)
+    if step.loss is None or found.forward is not None:
         return found
-    found.loss_finite = not _non_finite(loss)
+    found.loss_finite = not non_finite(step.loss)
     if not found.loss_finite:
         return found
-    weights = model.trainable_weights
-    gradients = tape.gradient(scaled, [t for _, _, t in captured] + weights,
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    found.backward = _backward_culprit(captured, gradients[:len(captured)],
-                                       dict(zip(map(id, weights), gradients[len(captured):])))
+    output_grads, weights, weight_grads = step.gradients()
+    found.backward = _backward_culprit(step.captured, output_grads,
+                                       dict(zip(map(id, weights), weight_grads)))
     return found
 
 
@@ -123,9 +97,9 @@ def _backward_culprit(captured: list, output_grads: list, weight_grads: dict) ->
     output was made by the backward pass of the layer called after it."""
     for index in range(len(captured) - 1, -1, -1):
         path, layer, _ = captured[index]
-        if _non_finite(output_grads[index]):
+        if non_finite(output_grads[index]):
             return captured[index + 1][0] if index + 1 < len(captured) else path
-        if any(_non_finite(weight_grads.get(id(w))) for w in layer.trainable_weights):
+        if any(non_finite(weight_grads.get(id(w))) for w in layer.trainable_weights):
             return path
     return None
 
@@ -142,13 +116,9 @@ def place_in_float32(model: keras.Model, config: PrecisionConfig, path: str) -> 
         return []
     before = [(member, member.dtype_policy) for member in
               [layer] + [sub for sub, _ in layer_paths(layer)]]
-    placer = Float32Placer(PrecisionConfig(policy=config.policy,
-                                           float32=Float32Placement(layers=(path,))))
-    placer._scope_open = False  # a built model: nothing is constructed any more
-    placer._checked = True
-    for member, _ in [(model, "")] + layer_paths(model):
-        placer._record_children(member)
-    placer.decide(layer, path)
+    placement = dataclasses.replace(config.float32, groups=(), layers=(path,), outputs=False)
+    placer = Float32Placer(dataclasses.replace(config, float32=placement))
+    placer.place_in_built_model(model, layer, path)
     return [(member, policy) for member, policy in before
             if member.dtype_policy.name != policy.name]
 

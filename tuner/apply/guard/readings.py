@@ -1,12 +1,9 @@
 """What the guard reads from Keras and hands on: the loss tracker and scalars of a training,
-whether its weights went non-finite, the float32 check's two evaluations, and the record in
-MLflow where the user's process has a run open.
+whether its weights went non-finite, and the float32 check's two evaluations.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from typing import Any
 
 import keras
@@ -41,20 +38,6 @@ def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, fl
     finally:
         model.test_function = None
     return {"check_loss": float(as_is), "check_loss_float32": float(in_float32)}
-
-
-def log_to_mlflow(history: list[dict], events: list[dict], config) -> None:
-    """Per-epoch figures as metrics, events and the amended config as an artifact, in the
-    MLflow run the user's process has open (none: nothing, and MLflow is not imported)."""
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is None or mlflow.active_run() is None:
-        return
-    for figures in history:
-        mlflow.log_metrics({f"guard_{key}": value for key, value in figures.items()
-                            if key != "epoch" and isinstance(value, (int, float))
-                            and math.isfinite(value)}, step=figures["epoch"])
-    mlflow.log_dict({"events": events, "config": config.to_dict()}, "precision_guard.json")
-    mlflow.set_tag("precision_guard.events", str(len(events)))
 
 
 def non_finite_weights(model: keras.Model) -> bool:

@@ -14,8 +14,7 @@ import math
 
 import keras
 
-from tuner.apply.config import PURE_POLICIES
-from tuner.apply.guard import cause, fidelity, readings
+from tuner.apply.guard import cause, fidelity, readings, report
 from tuner.apply.guard.state import Snapshot
 from tuner.apply.layers import layer_paths
 from tuner.errors import TunerError
@@ -106,7 +105,7 @@ class Repairs:
         if batch is None or found is None or self.config.compute_dtype == "float32":
             return [], []
         x = keras.utils.unpack_x_y_sample_weight(batch)[0]
-        if self.config.policy in PURE_POLICIES:
+        if self.config.weights_16bit:
             layers = [name for name in [found.layer] if name] + [
                 item.layer for item in fidelity.compare_layers(self.model, x)
                 if item.layer not in self.config.float32.layers]
@@ -239,7 +238,7 @@ class Repairs:
                 "floor)")
 
     def _last_resort_left(self) -> bool:
-        return self.config.policy not in PURE_POLICIES and self.config.policy != "float32"
+        return not self.config.weights_16bit and self.config.policy != "float32"
 
     def _last_resort(self, why: str) -> str:
         if self._snapshot is not None:
@@ -264,7 +263,7 @@ class Repairs:
 
     def _close(self) -> None:
         self._keeper.unwrap()
-        readings.log_to_mlflow(self.history, self.events, self.config)
+        report.log_to_mlflow(self.history, self.events, self.config)
 
     def _collapsed(self) -> bool:
         """Does the scale sit at its floor needlessly? It does if the batch's backward pass is

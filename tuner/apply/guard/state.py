@@ -21,32 +21,31 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
+
+from tuner.apply.instruments import HostCopy
 
 
 class Snapshot:
-    """Host copies of every model and optimizer variable, taken at one step."""
+    """Host copies of every model and optimizer variable, taken at one step
+    (``tuner.apply.instruments.HostCopy``)."""
 
     def __init__(self, model: keras.Model, step: int) -> None:
         self.step = step
         optimizer = getattr(model, "optimizer", None)
         self.complete = optimizer is None or optimizer.built  # the optimizer's state is in it
-        self._variables = _state_variables(model)
-        self._values = [np.array(keras.ops.convert_to_numpy(v)) for v in self._variables]
+        self._copy = HostCopy(_state_variables(model))
 
     @property
     def finite(self) -> bool:
         """Every float value finite: only such a snapshot is worth restoring."""
-        return all(np.all(np.isfinite(value)) for value in self._values
-                   if np.issubdtype(value.dtype, np.floating))
+        return self._copy.finite
 
     @property
     def nbytes(self) -> int:
-        return sum(value.nbytes for value in self._values)
+        return self._copy.nbytes
 
     def restore(self, model: keras.Model) -> None:
-        for variable, value in zip(_state_variables(model), self._values):
-            variable.assign(value)
+        self._copy.put_back(_state_variables(model))
 
 
 def _state_variables(model: keras.Model) -> list:
