@@ -106,6 +106,31 @@ def _add_other_commands(commands) -> None:
                        help="where train.json and guarded_config.json go [default: %(default)s]")
     train.add_argument("--tracking-uri", metavar="URI",
                        help="an MLflow tracking server [default: RUN_DIR/mlflow.db]")
+    _add_bench_parser(commands)
+
+
+def _add_bench_parser(commands) -> None:
+    bench = commands.add_parser(
+        "bench", help="time a config against float32 in fresh processes: a speedup with "
+                      "its interval",
+        description="Time the task's training in float32 and under the --config FILE, each "
+                    "measurement in a fresh process, in ABBA rounds, and print the speedup "
+                    "(float32's step time over the config's) with its 95% interval: faster, "
+                    "slower, or a tie when the interval holds 1.0. Run it on the machine the "
+                    "model will train on to check a tuned speedup there.")
+    bench.add_argument("task", metavar="TASK.py")
+    bench.add_argument("--config", type=Path, required=True, metavar="FILE",
+                       help="an exported config (best_precision.json)")
+    bench.add_argument("--rounds", type=positive_int, default=4,
+                       help="rounds of one float32 and one config process each, at least 2 "
+                            "[default: %(default)s]")
+    bench.add_argument("--steps", type=positive_int, default=30,
+                       help="timed training steps per process [default: %(default)s]")
+    bench.add_argument("--warmup", type=positive_int, default=5,
+                       help="untimed steps first (the first traces the step) "
+                            "[default: %(default)s]")
+    bench.add_argument("--json", type=Path, metavar="FILE",
+                       help="also write the figures, per round, as JSON")
 
 
 _SERVICE_EPILOG = """\

@@ -1,4 +1,5 @@
-"""The small commands: export, ui, diagnose, spaces (``tune``, the main job, is tuner.api.tune_job)."""
+"""The small commands: export, ui, diagnose, spaces, train, bench (``tune``, the main job, is
+tuner.api.tune_job)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tuner.execution.local import LocalProcessExecutor
 from tuner.records.diagnostics_report import print_table
 from tuner.records.mlflow_stores import default_tracking_uri, ui_paths
 from tuner.records.run_store import RunStore
+from tuner.run.bench import bench as run_bench, report
 from tuner.run.guarded_training import train as train_guarded
 from tuner.run.task_file import check_task_file, require_tensorflow
 from tuner.search.space_files import builtin_space_names, load_space
@@ -114,3 +116,14 @@ def train(args) -> int:
     record = train_guarded(Path(args.task), args.config, args.epochs, args.against,
                            args.run_dir, args.tracking_uri, guard=not args.no_guard)
     return 1 if record.get("verdict", {}).get("worse") else 0
+
+
+def bench(args) -> int:
+    task_path = check_task_file(args.task)
+    require_tensorflow()
+    record = run_bench(task_path, args.config, rounds=args.rounds, steps=args.steps,
+                       warmup=args.warmup, json_path=args.json)
+    print(report(record))
+    if args.json is not None:
+        print(f"written to {args.json}")
+    return 0
