@@ -42,8 +42,8 @@ def measure(task_path: str, which: str, steps: int, warmup: int, seed: int = 0) 
         optimizers = compile_for_trial(model, task, config)
         fit_steps(model, batches, total, [step_recorder(optimizers, spec, result)])
     # The policy the model was built under (the config's scope applied, or not).
-    return {"which": which, "policy": model.dtype_policy.name, "timed_steps_ms": result.timed_steps_ms,
-            "median_ms": result.median_step_ms,
+    return {"which": which, "policy": model.dtype_policy.name,
+            "timed_steps_ms": result.timed_steps_ms, "median_ms": result.median_step_ms,
             "final_loss": result.losses[-1] if result.losses else None,
             "steps_trained": len(result.losses), "outcome": result.outcome.value,
             "first_non_finite_step": result.first_non_finite_step, "device": _device()}
