@@ -4,10 +4,12 @@
 It trains the task's model as a trial does: the task loaded by the worker's loader
 (``tuner.worker.task_loader``), the model built under the config's scope and compiled by
 ``compile_for_trial``, ``model.fit`` on the run's fixed batches with the trial's step timer
-(``tuner.worker.steps``). ``WARMUP`` steps (the first traces the training step) are trained
-and not timed; ``STEPS`` more are. It writes one line on stdout, ``PT-BENCH {...}``: the timed
-step times (ms), their median, the last step's loss, the model's dtype policy, the outcome and
-the device. A bad task or config ends it with one line on stderr and exit 2.
+(``tuner.worker.steps``), in a process started as a trial's worker is
+(``tuner.worker.startup``), with TensorFlow's own thread settings, as the user's training has
+them. ``WARMUP`` steps (the first traces the training step) are trained and not timed;
+``STEPS`` more are. It writes one line on stdout, ``PT-BENCH {...}``: the timed step times
+(ms), their median, the last step's loss, the model's dtype policy, the outcome and the
+device. A bad task or config ends it with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.startup import import_frameworks
 from tuner.worker.steps import fit_steps, step_recorder
 from tuner.worker.task_loader import fixed_batches, load_task
 from tuner.worker.task_model import compile_for_trial
@@ -63,6 +66,7 @@ def _device() -> str:
 def main(argv: list[str]) -> int:
     task_path, which, steps, warmup = argv[0], argv[1], int(argv[2]), int(argv[3])
     seed = int(argv[4]) if len(argv) > 4 else 0
+    import_frameworks()   # as a trial's worker starts: the collector kept off the frameworks
     try:
         figures = measure(task_path, which, steps, warmup, seed)
     except TunerError as exc:
