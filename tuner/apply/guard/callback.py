@@ -38,12 +38,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import keras
+import tensorflow as tf
 
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
+from tuner.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the config imports this module to make a guard
     from tuner.apply.config import PrecisionConfig
@@ -69,7 +71,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     per-layer float32 comparisons on the kept batch (also at each epoch's end; None: never);
     ``float32_check``: data (``(x, y)`` or a dataset) to evaluate on as-is and in float32
     each epoch; ``data``: a batch to diagnose on where the guard cannot keep the training's
-    own (a distributed iterator); ``verbose``: 0 silences the one line per event.
+    own (a distributed iterator; refused under ``tf.distribute``, where no layer is
+    diagnosed); ``verbose``: 0 silences the one line per event.
     """
 
     def __init__(self, config: PrecisionConfig, *, snapshot_every: int = 50,
@@ -115,6 +118,11 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         model = self.model
         readings.refuse_several_optimizers(model)
+        if self.data is not None and any(isinstance(v.value, tf.distribute.DistributedValues)
+                                         for v in model.trainable_variables[:1]):
+            raise UsageError("precision guard: data= cannot be diagnosed on under tf.distribute "
+                             "(no layer probe outside a replica); leave data= out: the guard "
+                             "then restores and rescales, without naming a layer")
         self._keeper.wrap(model)  # fit made its train function before calling us
         self._optimizer = model.optimizer
         if not self._optimizer.built and model.built and model.trainable_variables:
@@ -191,7 +199,9 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         if at_floor and self._skipped_run >= 3:
             return "scale_at_floor", (f"loss scale {scale:g} at its floor {self._floor:g} and "
                                       f"{self._skipped_run} updates skipped there")
-        if at_floor and self._floor_steps == self.max_skipped and self._collapsed():
+        # Collapsed: at its floor though the kept batch fits higher (none under tf.distribute).
+        if at_floor and self._floor_steps == self.max_skipped and self._batch() is not None \
+                and self._collapsed():
             return "scale_collapsed", (f"loss scale {scale:g} at its floor for "
                                        f"{self._floor_steps} steps, though the batch's gradients "
                                        f"fit float16 at {self._fitting_scale():g}")
