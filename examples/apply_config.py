@@ -1,5 +1,5 @@
-"""Apply an exported config to your own training: the snippet the README and the docs show,
-run as it stands (tests/test_docs.py runs this file, so the snippet cannot rot).
+"""Apply an exported config to a training: the digits MLP under the config, with the precision
+guard, as the README's apply block does it (tests/test_docs.py runs this file).
 
 Run it:  python examples/apply_config.py [CONFIG]   (default: runs/best_precision.json from
 `make demo`, else mixed_bfloat16). It trains the digits MLP for two epochs under the config
@@ -24,7 +24,6 @@ else:  # no tune run yet: a config as one would be exported
     config_file = Path(tempfile.mkdtemp()) / "best_precision.json"
     PrecisionConfig(policy="mixed_bfloat16").save(config_file)
 
-# --8<-- [start:apply]
 import keras
 from tuner import PrecisionConfig
 
@@ -37,7 +36,6 @@ with cfg.scope():                         # policy, floatx, epsilon, float32 lay
     model.fit(x, y, epochs=2, callbacks=[guard])
 guard.events                              # what it saw and did, one dict per event
 guard.config.save("repaired.json", overwrite=True)   # the config with its repairs
-# --8<-- [end:apply]
 
 print(f"applied {cfg.describe()}: {len(guard.events)} guard events, final loss "
       f"{model.history.history['loss'][-1]:.4f}; the config now in effect: repaired.json")

@@ -43,7 +43,6 @@ class GAN(keras.Model):
         self.g_optimizer = g_optimizer
         self.loss_fn = loss_fn
 
-    # --8<-- [start:train_step]
     def train_step(self, real_images):
         if isinstance(real_images, tuple):
             real_images = real_images[0]
@@ -71,7 +70,6 @@ class GAN(keras.Model):
         self.d_loss_tracker.update_state(d_loss)
         self.g_loss_tracker.update_state(g_loss)
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
-    # --8<-- [end:train_step]
 
 
 def build_model():
@@ -98,14 +96,12 @@ def build_model():
     return GAN(discriminator=discriminator, generator=generator, latent_dim=LATENT_DIM)
 
 
-# --8<-- [start:compile_model]
 def compile_model(model, wrap_optimizer):
     model.compile(
         d_optimizer=wrap_optimizer(keras.optimizers.Adam(learning_rate=3e-4)),
         g_optimizer=wrap_optimizer(keras.optimizers.Adam(learning_rate=3e-4)),
         loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
     )
-# --8<-- [end:compile_model]
 
 
 def train_data():
@@ -121,7 +117,6 @@ def train_data():
     return images[..., None].astype("float32")
 
 
-# --8<-- [start:val_metric]
 def val_metric(model):
     """A sample-quality proxy, lower is better, one value per batch of 32 generated images (the
     tuner weighs a difference against their scatter): how far the batch is from the real
@@ -135,10 +130,8 @@ def val_metric(model):
         peak_gap = (batch.max(axis=(1, 2, 3)).mean() - real.max(axis=(1, 2, 3)).mean()) ** 2
         values.append(float(mean_gap + peak_gap))
     return values
-# --8<-- [end:val_metric]
 
 
-# --8<-- [start:apply]
 if __name__ == "__main__":   # python examples/dcgan.py best_precision.json [epochs]
     import sys
 
@@ -153,4 +146,3 @@ if __name__ == "__main__":   # python examples/dcgan.py best_precision.json [epo
     quality = np.mean(val_metric(model))
     print(f"trained under {config.describe()}: d_loss {history.history['d_loss'][-1]:.3f}, "
           f"g_loss {history.history['g_loss'][-1]:.3f}, val_metric {quality:.4f}")
-# --8<-- [end:apply]

@@ -34,7 +34,6 @@ parser.add_argument("--run-dir", default=None)
 args = parser.parse_args()
 
 # -- cell 3: tune (the CLI's options are keyword arguments) ----------------------------------
-# --8<-- [start:tune]
 result = tuner.tune(build_model=build_model, train_data=(x, y),
                     loss="sparse_categorical_crossentropy",
                     optimizer=lambda: keras.optimizers.Adam(1e-3),
@@ -42,7 +41,6 @@ result = tuner.tune(build_model=build_model, train_data=(x, y),
                     executor=args.executor, run_dir=args.run_dir)
 print(result)         # the pick and its speedup: mixed_bfloat16, 1.12x [1.05-1.19] vs float32
 print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])   # a DataFrame
-# --8<-- [end:tune]
 
 # -- cell 4: apply the pick to your own training ---------------------------------------------
 cfg = result.best

@@ -1,6 +1,7 @@
 """The documentation site: it builds strictly (a broken link, a missing reference or a page left
-out of the navigation fails), its CLI reference is the parser's, and every piece of Python on
-its pages and in the README comes from a file the tests run, so no snippet can rot."""
+out of the navigation fails), its CLI reference is the parser's, and every piece of Python on a
+user page and in the README is run as pasted (tests/test_snippets.py) or says why not; an
+excerpt is checked against a file a test runs, so no snippet can rot."""
 
 import os
 import re
@@ -12,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.snippets import all_blocks, blocks_of, user_pages
 
-# Files pages include code from, and the test that runs each as it stands.
+# Files a page may show an excerpt of (``<!-- excerpt: PATH -->``), and the test that runs each.
 TESTED_EXAMPLES = {
     "examples/from_python.py": "tests/test_python_api.py::test_a_model_defined_in_main_tunes",
     "examples/apply_config.py": "tests/test_docs.py::test_the_apply_example_runs_as_shown",
     "examples/dcgan.py": "tests/test_own_compile_e2e.py::test_the_guides_gan_tunes_end_to_end",
 }
-FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
 
 def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
@@ -107,37 +108,26 @@ def test_a_broken_link_a_page_outside_the_nav_or_a_missing_snippet_fails_the_bui
     assert said in " ".join((built.stdout + built.stderr).split())
 
 
-def test_every_python_block_on_a_page_comes_from_a_file_the_tests_run():
-    pages = sorted((ROOT / "docs").rglob("*.md"))
-    blocks = [(page, block) for page in pages for block in FENCE.findall(page.read_text())]
+def test_every_python_block_on_a_user_page_runs_or_is_an_excerpt_or_says_why_not():
+    blocks = all_blocks()
     assert blocks
-    for page, block in blocks:
-        lines = [line for line in block.splitlines() if line.strip()]
-        match = re.fullmatch(r'--8<-- "([^":]+)(?::\w+)?"', lines[0].strip()) if lines else None
-        assert match and len(lines) == 1, f"{page}: write the code in a tested example and " \
-                                          f"include it (--8<--): {block[:200]!r}"
-        assert match.group(1) in TESTED_EXAMPLES, f"{page}: {match.group(1)} is run by no test"
+    for block in blocks:
+        assert block.kind in ("run", "not run", "excerpt"), block.where
+        if block.kind == "excerpt":
+            assert block.argument in TESTED_EXAMPLES, \
+                f"{block.where}: {block.argument} is run by no test (TESTED_EXAMPLES)"
+    for page in user_pages():   # GitHub shows an include as its raw line
+        assert "--8<--" not in page.read_text(), \
+            f"{page}: an --8<-- include shows as a raw line on GitHub: write the code itself"
 
 
-def test_the_readme_is_short_and_its_code_is_from_the_tested_examples():
+def test_the_readme_is_short_and_its_python_blocks_run_as_pasted():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     assert "make demo" in readme and "make test" in readme      # the two quick-start commands
-    sources = {path: (ROOT / path).read_text() for path in TESTED_EXAMPLES}
-    for block in FENCE.findall(readme):
-        lines = [line.rstrip() for line in block.splitlines() if line.strip()]
-        # Every line of the block, in order, in one tested example.
-        assert any(_in_order(lines, text.splitlines()) for text in sources.values()), block
-
-
-def _in_order(lines: list[str], source: list[str]) -> bool:
-    position = 0
-    for line in lines:
-        try:
-            position = [s.rstrip() for s in source].index(line, position) + 1
-        except ValueError:
-            return False
-    return True
+    blocks = blocks_of(ROOT / "README.md")
+    assert len(blocks) >= 2 and {block.kind for block in blocks} == {"run"}, \
+        [(block.where, block.kind) for block in blocks]
 
 
 @pytest.mark.slow
