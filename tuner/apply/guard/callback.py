@@ -38,14 +38,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import keras
-import tensorflow as tf
 
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
-from tuner.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the config imports this module to make a guard
     from tuner.apply.config import PrecisionConfig
@@ -118,11 +116,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     def on_train_begin(self, logs=None) -> None:
         model = self.model
         readings.refuse_several_optimizers(model)
-        if self.data is not None and any(isinstance(v.value, tf.distribute.DistributedValues)
-                                         for v in model.trainable_variables[:1]):
-            raise UsageError("precision guard: data= cannot be diagnosed on under tf.distribute "
-                             "(no layer probe outside a replica); leave data= out: the guard "
-                             "then restores and rescales, without naming a layer")
+        readings.refuse_data_under_distribution(model, self.data)
         self._keeper.wrap(model)  # fit made its train function before calling us
         self._optimizer = model.optimizer
         if not self._optimizer.built and model.built and model.trainable_variables:

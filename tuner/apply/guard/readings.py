@@ -26,6 +26,20 @@ def refuse_several_optimizers(model: keras.Model) -> None:
                          "compares it with float32 over the whole training).")
 
 
+def refuse_data_under_distribution(model: keras.Model, data: Any) -> None:
+    """Under ``tf.distribute`` the model's variables are mirrored, and the probe that names a
+    layer (``cause.probe``) cannot take their gradients outside a replica: ``data=`` there is
+    refused in one line rather than failing at the first trip (the guard goes on without a
+    batch: it restores and rescales, naming no layer)."""
+    import tensorflow as tf
+
+    if data is not None and any(isinstance(variable.value, tf.distribute.DistributedValues)
+                                for variable in model.trainable_variables[:1]):
+        raise UsageError("precision guard: data= cannot be diagnosed on under tf.distribute "
+                         "(no layer probe outside a replica); leave data= out: the guard then "
+                         "restores and rescales, without naming a layer")
+
+
 def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:
     """The float32 check: the same weights evaluated as they train and with every layer in
     float32, which says what 16-bit compute costs the model now."""
