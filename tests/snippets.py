@@ -8,7 +8,8 @@ the HTML comment on the line before it says otherwise (invisible on GitHub and o
 - ``<!-- excerpt: PATH -->``: lines of PATH, a file a test runs; every line of the block must
   be in PATH, in order (a method, a fragment that needs its class around it);
 - ``<!-- run: CLAUSE; CLAUSE -->``: run, with any of ``as NAME`` (the file the block is written
-  to, default ``snippet.py``), ``with FILE`` (a file from ``GIVEN`` put beside it first) and
+  to, default ``snippet.py``), ``with FILE`` (put beside it first: a file from ``GIVEN``, or
+  an earlier block of the same page run ``as FILE``, the tutorial's task file) and
   ``then COMMAND`` (a shell command run instead of ``python NAME``, with the tuner's commands
   on the PATH).
 """
@@ -39,7 +40,7 @@ class Block:
     kind: str = "run"  # run, not run, excerpt
     argument: str = ""  # the reason, the excerpt's path, or the run's clauses
     run_as: str = "snippet.py"
-    given: list[str] = field(default_factory=list)
+    given: dict[str, str] = field(default_factory=dict)   # file name -> its text
     then: str | None = None
 
     @property
@@ -78,6 +79,12 @@ def blocks_of(page: Path) -> list[Block]:
                                  f"marker (not run: / excerpt: / run:): {before}")
         found.append(block)
         index = end + 1
+    for block in found:   # ``with NAME``: a given file, or an earlier block written as NAME
+        for name in block.given:
+            earlier = [b.text for b in found[:found.index(block)] if b.run_as == name]
+            assert name in GIVEN or earlier, \
+                f"{block.where}: with {name}: neither a given file nor an earlier block as {name}"
+            block.given[name] = GIVEN.get(name) or earlier[-1]
     return found
 
 
@@ -86,13 +93,13 @@ def _clauses(block: Block) -> None:
         word, _, rest = clause.partition(" ")
         if word == "as" and rest:
             block.run_as = rest.strip()
-        elif word == "with" and rest.strip() in GIVEN:
-            block.given.append(rest.strip())
+        elif word == "with" and rest.strip():
+            block.given[rest.strip()] = ""
         elif word == "then" and rest:
             block.then = rest.strip()
         else:
             raise AssertionError(f"{block.where}: unknown run clause {clause!r} (as NAME, "
-                                 f"with one of {', '.join(GIVEN)}, then COMMAND)")
+                                 f"with FILE, then COMMAND)")
 
 
 def all_blocks() -> list[Block]:

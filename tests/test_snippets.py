@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.snippets import GIVEN, ROOT, all_blocks, in_order
+from tests.snippets import ROOT, all_blocks, in_order
 
 BLOCKS = all_blocks()
 TIMEOUT_S = 300
@@ -51,8 +51,8 @@ def test_a_block_not_run_says_why_and_an_excerpt_is_its_files_lines_in_order():
 def test_the_block_runs_as_pasted(blocks, tmp_path):
     block = blocks[0]
     (tmp_path / block.run_as).write_text(block.text)
-    for name in block.given:
-        (tmp_path / name).write_text(GIVEN[name])
+    for name, text in block.given.items():
+        (tmp_path / name).write_text(text)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": bin_dir + os.pathsep + os.environ["PATH"],
            "TF_CPP_MIN_LOG_LEVEL": "2"}
