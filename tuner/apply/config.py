@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.errors import ConfigError, describe
-from tuner.apply.weight_update import WEIGHT_UPDATES
+from tuner.apply.vocabulary import LOSS_SCALE_KINDS, WEIGHT_UPDATES, LossScaleKind, WeightUpdate
 
 SCHEMA_VERSION = 1
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16")
 PURE_POLICIES = ("float16", "bfloat16")  # 16-bit weights too
-LOSS_SCALE_KINDS = ("none", "dynamic", "fixed")
 FLOAT32_GROUPS = ("normalization", "softmax", "attention", "embedding")
 
 _COMPUTE_DTYPE = {
@@ -86,11 +85,14 @@ class LossScale:
     below it counts as collapsed.
     """
 
-    kind: str = "none"
+    kind: LossScaleKind = LossScaleKind.NONE   # a plain string is taken too
     initial_scale: float = 2.0**15
     growth_steps: int = 2000
     value: float | None = None
     floor: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LossScaleKind.coerced(self.kind))
 
     def validate(self, source: str = "config") -> None:
         if self.kind not in LOSS_SCALE_KINDS:
@@ -100,12 +102,12 @@ class LossScale:
         if isinstance(self.growth_steps, bool) or not isinstance(self.growth_steps, int) \
                 or self.growth_steps < 1:
             raise _fail(source, "loss_scale.growth_steps", self.growth_steps, "an integer >= 1")
-        if self.kind == "dynamic" and self.initial_scale <= self.floor:
+        if self.kind.moves and self.initial_scale <= self.floor:
             raise ConfigError(f"{source}: a dynamic loss scale must start above its floor, or it "
                               f"counts as collapsed before the first step. Received: "
                               f"initial_scale={self.initial_scale:g}, floor={self.floor:g}. "
                               "Raise initial_scale or lower floor.")
-        if self.kind == "fixed":
+        if self.kind.fixed:
             if self.value is None:
                 raise ConfigError(f"{source}: `loss_scale.value` is required when kind is 'fixed'. "
                                   "Received: value=None. Set it, e.g. value: 1024")
@@ -114,9 +116,9 @@ class LossScale:
             _positive_number(source, "loss_scale.value", self.value, allow_none=False)
 
     def describe(self) -> str:
-        if self.kind == "dynamic":
+        if self.kind.moves:
             return f"dynamic {power_of_two(self.initial_scale)}"
-        if self.kind == "fixed":
+        if self.kind.fixed:
             return f"fixed {power_of_two(self.value)}"
         return "no loss scale"
 
@@ -172,10 +174,11 @@ class PrecisionConfig:
     epsilon: Epsilon = field(default_factory=Epsilon)
     float32: Float32Placement = field(default_factory=Float32Placement)
     # How 16-bit weights take their updates (pure policies only): tuner.apply.weight_update.
-    weight_update: str = "nearest"
+    weight_update: WeightUpdate = WeightUpdate.NEAREST   # a plain string is taken too
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_update", WeightUpdate.coerced(self.weight_update))
         self.validate()
 
     # -- validation ------------------------------------------------------------------------
@@ -188,15 +191,17 @@ class PrecisionConfig:
         if self.weight_update not in WEIGHT_UPDATES:
             raise _fail(source, "weight_update", self.weight_update,
                         f"one of {', '.join(WEIGHT_UPDATES)}")
-        if self.weight_update != "nearest" and self.policy not in PURE_POLICIES:
+        if self.weight_update.wraps and self.policy not in PURE_POLICIES:
             raise ConfigError(
                 f"{source}: weight_update only applies where the weights are 16-bit (policy "
                 f"float16 or bfloat16), but policy is {self.policy!r}. Received: "
-                f"weight_update={self.weight_update!r}. Use nearest, or a pure 16-bit policy.")
-        if self.loss_scale.kind != "none" and self.compute_dtype != "float16":
+                f"weight_update={self.weight_update.value!r}. Use nearest, or a pure 16-bit "
+                "policy.")
+        if self.loss_scale.kind.scales and self.compute_dtype != "float16":
             raise ConfigError(
                 f"{source}: loss scaling only applies where compute is float16, but policy is "
-                f"{self.policy!r}. Received: loss_scale.kind={self.loss_scale.kind!r}. Use kind: "
+                f"{self.policy!r}. Received: loss_scale.kind={self.loss_scale.kind.value!r}. "
+                "Use kind: "
                 "none, or a float16 policy (mixed_float16, float16).")
 
     # -- properties ------------------------------------------------------------------------
@@ -208,7 +213,7 @@ class PrecisionConfig:
     def float16_without_loss_scale(self) -> bool:
         """Computes in float16 with no loss scale: gradients below float16's smallest subnormal
         flush to zero."""
-        return self.compute_dtype == "float16" and self.loss_scale.kind == "none"
+        return self.compute_dtype == "float16" and not self.loss_scale.kind.scales
 
     @property
     def weights_16bit(self) -> bool:
@@ -225,7 +230,7 @@ class PrecisionConfig:
                    (("eps", self.epsilon.backend), ("opt-eps", self.epsilon.optimizer))
                    if value is not None]
             parts.append(" ".join(eps))
-        if self.weight_update != "nearest":
+        if self.weight_update.wraps:
             parts.append(f"{self.weight_update} updates")
         if self.float32.describe():
             parts.append(self.float32.describe())
@@ -236,7 +241,7 @@ class PrecisionConfig:
         data: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "policy": self.policy,
-            "loss_scale": {"kind": self.loss_scale.kind,
+            "loss_scale": {"kind": self.loss_scale.kind.value,
                            "initial_scale": self.loss_scale.initial_scale,
                            "growth_steps": self.loss_scale.growth_steps,
                            "value": self.loss_scale.value,
@@ -244,7 +249,7 @@ class PrecisionConfig:
             "epsilon": {"backend": self.epsilon.backend, "optimizer": self.epsilon.optimizer},
             "float32": {"groups": list(self.float32.groups), "layers": list(self.float32.layers),
                         "outputs": self.float32.outputs},
-            "weight_update": self.weight_update,
+            "weight_update": self.weight_update.value,
         }
         if self.provenance:
             data["provenance"] = dict(self.provenance)
@@ -285,7 +290,8 @@ class PrecisionConfig:
                             ("float32", Float32Placement(tuple(placement.get("groups", ())),
                                                          tuple(placement.get("layers", ())),
                                                          placement.get("outputs", False))),
-                            ("weight_update", data.get("weight_update", "nearest")),
+                            ("weight_update",
+                             WeightUpdate.coerced(data.get("weight_update", WeightUpdate.NEAREST))),
                             ("provenance", dict(provenance))):
             object.__setattr__(config, name, value)
         config.validate(source)

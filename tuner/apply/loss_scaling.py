@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import keras
 
+from tuner.apply.vocabulary import LossScaleKind
 from tuner.apply.weight_update import wrap
 
 if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
@@ -32,6 +33,12 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         super().__init__(inner_optimizer, initial_scale=initial_scale,
                          dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
         self.floor = float(floor)
+
+    @classmethod
+    def applying(cls, scale, optimizer) -> "FlooredLossScaleOptimizer":
+        """``optimizer`` wrapped to apply ``scale`` (a config's dynamic ``LossScale``)."""
+        return cls(optimizer, initial_scale=scale.initial_scale,
+                   dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
 
     def _stateful_handle_non_finite_grads(self):
         self.step_counter.assign(0)
@@ -61,6 +68,11 @@ class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         super().__init__(inner_optimizer, initial_scale=initial_scale,
                          dynamic_growth_steps=self._NEVER, name=name, **kwargs)
 
+    @classmethod
+    def applying(cls, scale, optimizer) -> "FixedLossScaleOptimizer":
+        """``optimizer`` wrapped to apply ``scale`` (a config's fixed ``LossScale``)."""
+        return cls(optimizer, initial_scale=scale.value)
+
     def _stateful_handle_non_finite_grads(self):
         self.step_counter.assign(0)  # skip the step; keep the scale
 
@@ -77,12 +89,25 @@ def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
         optimizer.epsilon = cfg.epsilon.optimizer
     wrap(optimizer, cfg.weight_update)  # stochastic or compensated updates of 16-bit weights
     scale = cfg.loss_scale
-    if cfg.compute_dtype != "float16" or scale.kind == "none":
+    if cfg.compute_dtype != "float16" or not scale.kind.scales:
         return optimizer
-    if scale.kind == "fixed":
-        return FixedLossScaleOptimizer(optimizer, initial_scale=scale.value)
-    return FlooredLossScaleOptimizer(optimizer, initial_scale=scale.initial_scale,
-                                     dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
+    return OPTIMIZER_CLASSES[scale.kind].applying(scale, optimizer)
+
+
+# The one statement of which optimizer class applies each scaling kind; loss_scale_kind reads
+# it back.
+OPTIMIZER_CLASSES = {LossScaleKind.DYNAMIC: FlooredLossScaleOptimizer,
+                     LossScaleKind.FIXED: FixedLossScaleOptimizer}
+
+
+def loss_scale_kind(optimizer) -> LossScaleKind:
+    """The kind of loss scaling ``optimizer`` applies: fixed for a FixedLossScaleOptimizer,
+    dynamic for any other LossScaleOptimizer (Keras's own included), none otherwise."""
+    if isinstance(optimizer, OPTIMIZER_CLASSES[LossScaleKind.FIXED]):
+        return LossScaleKind.FIXED
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return LossScaleKind.DYNAMIC
+    return LossScaleKind.NONE
 
 
 def held_optimizers(model) -> dict[str, keras.optimizers.Optimizer]:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-WEIGHT_UPDATES = ("nearest", "stochastic", "compensated")
+from tuner.apply.vocabulary import WEIGHT_UPDATES, WeightUpdate
+
 # Significand bits after the leading one, and the smallest normal exponent, of each 16-bit type.
 _FORMAT = {"bfloat16": (7, -126), "float16": (10, -14)}
 
@@ -55,12 +56,13 @@ def stochastic_round(value32, dtype: str, uniform):
     return tf.cast(tf.where(finite, rounded, value32), dtype)
 
 
-def wrap(optimizer, mode: str, seed: int = 0):
+def wrap(optimizer, mode: "str | WeightUpdate", seed: int = 0):
     """Make ``optimizer`` update its 16-bit model weights by ``mode``; returns it."""
     if mode not in WEIGHT_UPDATES:
         raise ValueError(f"weight_update must be one of {', '.join(WEIGHT_UPDATES)}. "
                          f"Received: {mode!r}")
-    if mode == "nearest":
+    mode = WeightUpdate(mode)
+    if not mode.wraps:
         return optimizer
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's own
     _ensure_view_conversion()
@@ -69,7 +71,7 @@ def wrap(optimizer, mode: str, seed: int = 0):
 
 
 class _Updates:
-    def __init__(self, optimizer, mode: str, seed: int) -> None:
+    def __init__(self, optimizer, mode: WeightUpdate, seed: int) -> None:
         self.optimizer = optimizer
         self.mode = mode
         self.seed = seed
@@ -109,7 +111,7 @@ class _Updates:
             # The TensorFlow backend hands update_step the Keras variable's tf.Variable.
             same = [variable] + ([variable.value] if hasattr(variable, "value") else [])
             buffer = None
-            if self.mode == "compensated" and getattr(variable.dtype, "name",
+            if self.mode.keeps_buffers and getattr(variable.dtype, "name",
                                                       str(variable.dtype)) in _FORMAT:
                 buffer = self.optimizer.add_variable_from_reference(
                     variable, "compensation", initializer="zeros")
@@ -148,7 +150,7 @@ class _Updates:
         if delta is None:
             delta = tf.cast(target, tf.float32) - current
         delta = tf.cast(delta, tf.float32)
-        if self.mode == "stochastic":
+        if self.mode.rounds_at_random:
             step = tf.cast(self.optimizer.iterations, tf.int32)
             uniform = tf.random.stateless_uniform(
                 tf.shape(current), seed=tf.stack([step, self.seed * 100003

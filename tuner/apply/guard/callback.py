@@ -43,7 +43,7 @@ from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
-from tuner.apply.loss_scaling import FixedLossScaleOptimizer, current_loss_scale
+from tuner.apply.loss_scaling import current_loss_scale, loss_scale_kind
 
 if TYPE_CHECKING:  # annotations only: the config imports this module to make a guard
     from tuner.apply.config import PrecisionConfig
@@ -280,10 +280,10 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         return batch if batch is not None else self.data
 
     def _scaled(self) -> bool:
-        return isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
+        return loss_scale_kind(self._optimizer).scales
 
     def _dynamic(self) -> bool:
-        return self._scaled() and not isinstance(self._optimizer, FixedLossScaleOptimizer)
+        return loss_scale_kind(self._optimizer).moves
 
     def _scale(self) -> float | None:
         return current_loss_scale(self._optimizer)
