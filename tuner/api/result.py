@@ -39,8 +39,8 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
     validation = result.get("validation") or {}
     return {
         "trial": record["number"], "config": config.describe(), "policy": config.policy,
-        "loss_scale": config.loss_scale.kind if config.compute_dtype == "float16" else None,
-        "weight_update": config.weight_update if config.policy in PURE_POLICIES else None,
+        "loss_scale": config.loss_scale.kind.value if config.compute_dtype == "float16" else None,
+        "weight_update": config.weight_update.value if config.policy in PURE_POLICIES else None,
         "float32_layers": ", ".join(config.float32.groups + config.float32.layers) or None,
         "verdict": record["verdict"], "reason": record.get("reason") or "",
         "median_ms": record.get("median_step_ms"), "remeasured_ms": record.get("remeasured_ms"),

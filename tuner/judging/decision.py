@@ -16,15 +16,14 @@ from typing import Sequence
 
 from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate
-from tuner.apply.weight_update import WEIGHT_UPDATES
 
 DEFAULT_MIN_GAIN = 0.03
 
 # Simpler first. bfloat16 needs no loss scale, so it is the simpler 16-bit choice.
 _POLICY_ORDER = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
 # Where compute is float16, Keras's own default (compile wraps the optimizer in a dynamic loss
-# scale) is the simple choice; "none" must earn its place with evidence (no_loss_scale_evidence).
-_LOSS_SCALE_ORDER = ("dynamic", "none", "fixed")
+# scale) is the simple choice; none must earn its place with evidence (no_loss_scale_evidence):
+# LossScaleKind.complexity.
 
 
 def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
@@ -33,8 +32,7 @@ def complexity(config: PrecisionConfig) -> tuple[int, int, int, int, int]:
                            (config.epsilon.backend, config.epsilon.optimizer))
     placements = len(config.float32.groups) + len(config.float32.layers)
     return (_POLICY_ORDER.index(config.policy), changed_epsilons, placements,
-            _LOSS_SCALE_ORDER.index(config.loss_scale.kind),
-            WEIGHT_UPDATES.index(config.weight_update))
+            config.loss_scale.kind.complexity, config.weight_update.complexity)
 
 
 FLOAT16_MIN_NORMAL = 2.0**-14

@@ -116,7 +116,7 @@ def needs_no_more_memory(smaller: PrecisionConfig, config: PrecisionConfig) -> b
             and set(smaller.float32.groups) <= set(config.float32.groups)
             and set(smaller.float32.layers) <= set(config.float32.layers)
             and smaller.float32.outputs <= config.float32.outputs
-            and (smaller.weight_update != "compensated" or config.weight_update == "compensated"))
+            and (not smaller.weight_update.keeps_buffers or config.weight_update.keeps_buffers))
 
 
 def pareto_front(points: Sequence[Point]) -> list[Point]:

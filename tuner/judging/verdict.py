@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 
+from tuner.apply.vocabulary import LossScaleKind
 from tuner.judging.learning import (  # noqa: F401 - also this module's public names
     LEVEL_ALLOWANCE, NOISE_SIGMAS, _window, barely_learned, decrease_noise, level_gap,
     loss_decrease, standard_error)
@@ -61,7 +62,7 @@ def loss_scale_collapse(result: TrialResult, floor: float) -> str:
     """Why the trial's dynamic loss scale collapsed ("" when it did not)."""
     scales = [s for s in result.loss_scales if s is not None]
     steps = len(result.losses)
-    if result.loss_scale_kind != "dynamic" or not scales or steps < COLLAPSE_TAIL:
+    if not LossScaleKind(result.loss_scale_kind).moves or not scales or steps < COLLAPSE_TAIL:
         return ""
     if not set(range(steps - COLLAPSE_TAIL, steps)) <= set(result.skipped):
         return ""
@@ -80,7 +81,7 @@ def settled_skips(result: TrialResult, floor: float = 0.0) -> int:
     A back-off that only ended at the ``floor`` is not counted as one: the floor is where a
     scale counts as collapsed, and a critic whose scale halved from 2^15 to 1 had its update
     skipped in 15 of 16 steps (a WGAN-GP trial): every one of those skips counts."""
-    if result.loss_scale_kind != "dynamic":
+    if not LossScaleKind(result.loss_scale_kind).moves:
         return result.skipped_steps
     leading = 0
     while leading in result.skipped:

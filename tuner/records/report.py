@@ -117,7 +117,7 @@ def headline(summary: "TuneSummary") -> list[str]:
         why = (summary.best_config.provenance or {}).get("loss_scale_why") \
             if summary.best_config else None
         # Without a loss scale, the re-measurement's note gives the evidence.
-        if why and summary.best_config.loss_scale.kind != "none":
+        if why and summary.best_config.loss_scale.kind.scales:
             lines.append(f"loss scale: {why}")
     lines += summary.head_lines + summary.objective_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]

@@ -45,9 +45,9 @@ def loss_scale_why(config: PrecisionConfig, result: TrialResult, plan: RunPlan) 
     if compute_dtype_of(config.policy) != "float16":
         return None
     scale = config.loss_scale
-    if scale.kind == "none":
+    if not scale.kind.scales:
         return "no loss scale: " + no_loss_scale_evidence(plan.gradient_p01)[1]
-    if scale.kind == "fixed":
+    if scale.kind.fixed:
         return (f"fixed at {_power(scale.value)}, from the space's fixed_values"
                 f"{_seen(result)}")
     growth = f"grows after {scale.growth_steps} overflow-free steps: " + (

@@ -38,9 +38,9 @@ def trained_scale(result: TrialResult, config: PrecisionConfig) -> float:
     """The loss scale a float16 trial ended at: 1 without one, a fixed scale's value, where
     a dynamic scale had got to."""
     scale = config.loss_scale
-    if scale.kind == "fixed" and scale.value:
+    if scale.kind.fixed and scale.value:
         return scale.value
-    if scale.kind == "dynamic":
+    if scale.kind.moves:
         return next((s for s in reversed(result.loss_scales) if s), scale.initial_scale)
     return 1.0
 

@@ -11,10 +11,11 @@ No TensorFlow and no Optuna here: sampling goes through any object with Optuna's
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
                           PrecisionConfig, compute_dtype_of)
+from tuner.apply.vocabulary import LossScaleKind, WeightUpdate
 from tuner.errors import SearchSpaceError
 from tuner.search import dimensions as walk
 from tuner.search.dimensions import Dimension, Suggester
@@ -61,8 +62,14 @@ def _is_pure(policy: str) -> bool:
     return policy in PURE_POLICIES
 
 
-def _kind_is(kind: str) -> Callable[[str], bool]:
-    return lambda chosen: chosen == kind
+def _scale_moves(kind: str) -> bool:
+    """A dynamic scale: its start and growth interval are searched."""
+    return LossScaleKind(kind).moves
+
+
+def _scale_is_fixed(kind: str) -> bool:
+    """A fixed scale: its value is searched."""
+    return LossScaleKind(kind).fixed
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,8 @@ class SearchSpace:
     name: str
     description: str = ""
     policies: tuple[str, ...] = ("float32", "mixed_float16", "mixed_bfloat16")
-    loss_scale_kinds: tuple[str, ...] = ("none", "dynamic")
+    # Optuna's choices are the plain strings (LossScaleKind, WeightUpdate values).
+    loss_scale_kinds: tuple[str, ...] = (LossScaleKind.NONE.value, LossScaleKind.DYNAMIC.value)
     initial_scales: tuple[float, ...] = (2.0**15,)
     # "auto" in initial_scales: add the scale diagnostics recommends ("only": it alone).
     auto_initial_scale: str = ""           # "" | "add" | "only"
@@ -93,7 +101,7 @@ class SearchSpace:
     float32_layers: tuple[str, ...] = ()
     float32_auto_layers: int = 0           # search the k riskiest diagnosed layers, k <= this
     # How 16-bit weights take their updates, searched under pure policies only.
-    weight_updates: tuple[str, ...] = ("nearest",)
+    weight_updates: tuple[str, ...] = (WeightUpdate.NEAREST.value,)
     risky_layers: tuple[str, ...] = ()     # filled from diagnostics at run time
     # Output layers whose targets a 16-bit output cannot produce (diagnostics' output_heads):
     # (layer path, compute dtypes under which every config keeps it in float32).
@@ -118,12 +126,12 @@ class SearchSpace:
         return (
             Dimension(POLICY, self.policies),
             Dimension(LOSS_SCALE, self.loss_scale_kinds, POLICY, _computes_in_float16),
-            Dimension(INITIAL_SCALE, self.initial_scales, LOSS_SCALE, _kind_is("dynamic"),
+            Dimension(INITIAL_SCALE, self.initial_scales, LOSS_SCALE, _scale_moves,
                       preferred=(2.0**15,)),
-            Dimension(GROWTH_STEPS, self.growth_steps, LOSS_SCALE, _kind_is("dynamic")),
-            Dimension(FIXED_VALUE, self.fixed_values, LOSS_SCALE, _kind_is("fixed")),
+            Dimension(GROWTH_STEPS, self.growth_steps, LOSS_SCALE, _scale_moves),
+            Dimension(FIXED_VALUE, self.fixed_values, LOSS_SCALE, _scale_is_fixed),
             Dimension(WEIGHT_UPDATE, self.weight_updates, POLICY, _is_pure,
-                      preferred=("nearest",)),
+                      preferred=(WeightUpdate.NEAREST.value,)),
             Dimension(BACKEND_EPSILON, self.backend_epsilons, POLICY, _computes_in_16_bits,
                       preferred=(None,)),
             Dimension(OPTIMIZER_EPSILON, self.optimizer_epsilons, POLICY, _is_pure,
@@ -204,7 +212,7 @@ class SearchSpace:
         return replace(self, growth_steps=reachable + (kept,)), [note]
 
     def _searches_dynamic_scale(self) -> bool:
-        return "dynamic" in self.loss_scale_kinds and \
+        return any(map(_scale_moves, self.loss_scale_kinds)) and \
             any(map(_computes_in_float16, self.policies))
 
     def with_diagnostics(self, ranked_layers: Sequence[str],
@@ -230,12 +238,12 @@ class SearchSpace:
         """The config of the tree's ``params``; a parameter not asked takes its config's value
         where it does not apply (the space's first scale settings, nearest updates, no
         epsilon, no float32 placement)."""
-        kind = params.get(LOSS_SCALE, "none")
+        kind = LossScaleKind(params.get(LOSS_SCALE, LossScaleKind.NONE))
         loss_scale = LossScale(
             kind=kind,
             initial_scale=float(params.get(INITIAL_SCALE, self.initial_scales[0])),
             growth_steps=int(params.get(GROWTH_STEPS, self.growth_steps[0])),
-            value=float(params[FIXED_VALUE]) if kind == "fixed" else None,
+            value=float(params[FIXED_VALUE]) if kind.fixed else None,
             floor=self.loss_scale_floor)
         groups = tuple(g for g in self.float32_groups if params.get(float32_group_param(g)))
         layers = tuple(p for p in self.float32_layers if params.get(float32_layer_param(p)))
@@ -248,9 +256,9 @@ class SearchSpace:
             policy=params[POLICY], loss_scale=loss_scale,
             epsilon=Epsilon(params.get(BACKEND_EPSILON), params.get(OPTIMIZER_EPSILON)),
             float32=Float32Placement(groups, layers),
-            weight_update=params.get(WEIGHT_UPDATE, "nearest"))
+            weight_update=params.get(WEIGHT_UPDATE, WeightUpdate.NEAREST))
 
-    def params_for(self, policy: str, *, loss_scale: str = "dynamic",
+    def params_for(self, policy: str, *, loss_scale: str = LossScaleKind.DYNAMIC.value,
                    float32_groups: Sequence[str] = ()) -> dict[str, Any] | None:
         """Optuna params of a named config, or None where the space cannot express it: every
         other parameter at its default (2^15 and nearest updates where offered, else the
@@ -268,7 +276,8 @@ class SearchSpace:
         """The usual advice: a mixed policy, dynamic loss scale, float32 output activation."""
         recommended = []
         for policy in ("mixed_float16", "mixed_bfloat16"):
-            params = self.params_for(policy, loss_scale="dynamic", float32_groups=("softmax",))
+            params = self.params_for(policy, loss_scale=LossScaleKind.DYNAMIC.value,
+                                     float32_groups=("softmax",))
             if params is not None:
                 recommended.append(params)
         return recommended

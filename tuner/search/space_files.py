@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tuner.apply.config import FLOAT32_GROUPS, LOSS_SCALE_KINDS, POLICIES
-from tuner.apply.weight_update import WEIGHT_UPDATES
+from tuner.apply.config import FLOAT32_GROUPS, POLICIES
+from tuner.apply.vocabulary import LOSS_SCALE_KINDS, WEIGHT_UPDATES
 from tuner.errors import SearchSpaceError, describe
 from tuner.search.space import MIN_TIMED_STEPS, SearchSpace, TrialBudget
 
