@@ -1,7 +1,8 @@
 """The tune job, from the task check to the summary: what ``tuner.tune()`` and
 ``precision-tuner tune`` both run (tuner.api.run).
 
-The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan is resolved
+The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan
+is resolved
 (tuner.run.plan), the task checked and the space fitted to the model on the executor, and the
 job runs (tuner.run.job) under the live progress bar; the summary is printed at the end.
 """

@@ -158,8 +158,8 @@ def pick(points: Sequence[Point], objective: Objective,
     return chosen, why
 
 
-def ranked(points: Sequence[Point], objective: Objective, memory_slack: float = DEFAULT_MEMORY_SLACK,
-           count: int = 3) -> list[tuple[Point, str]]:
+def ranked(points: Sequence[Point], objective: Objective,
+           memory_slack: float = DEFAULT_MEMORY_SLACK, count: int = 3) -> list[tuple[Point, str]]:
     """The first ``count`` choices by ``objective``, best first, each with its line: the pick,
     then the pick among the rest, and so on (the finalists a confirmation falls back on)."""
     left, order = list(points), []
