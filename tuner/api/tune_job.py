@@ -2,9 +2,9 @@
 ``precision-tuner tune`` both run (tuner.api.run).
 
 The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan
-is resolved
-(tuner.run.plan), the task checked and the space fitted to the model on the executor, and the
-job runs (tuner.run.job) under the live progress bar; the summary is printed at the end.
+is resolved (tuner.run.plan), the task checked and the space fitted to the model on the
+executor, and the job runs (tuner.run.job) under the live progress bar; the summary is printed
+at the end.
 """
 
 from __future__ import annotations
