@@ -1,9 +1,12 @@
-"""What a user's training process imports to apply an exported config: the
-``PrecisionConfig`` data (``config``) and its vocabularies as types, the loss-scale kind and the
-weight update (``vocabulary``), its Keras scope and float32 layer placement (``scope``),
-loss scaling and optimizer epsilon (``loss_scaling``), and updates for 16-bit weights
-(``weight_update``), the precision guard that watches and repairs a whole training
-(``guard``), and the instruments it and the tuner's worker both read a model with
-(``instruments``). Imports only ``tuner`` core modules; TensorFlow and Keras are imported
-inside the functions that need them, so ``from tuner import PrecisionConfig`` stays light.
+"""What a user's training process imports to apply an exported config, from the floor up: the
+config's vocabularies as types, the loss-scale kind and the weight update (``vocabulary``); its
+data, checks and file format (``config_data``); the layer walks and the call hook
+(``layers``) and the instruments the guard and the tuner's worker both read a model with
+(``instruments``); its Keras scope and float32 layer placement (``scope``), loss scaling and
+optimizer epsilon (``loss_scaling``), updates for 16-bit weights (``weight_update``), the
+precision guard that watches and repairs a whole training (``guard``); and on top
+``PrecisionConfig`` (``config``), the data with the three calls that apply it, each importing
+its module when called. Imports only ``tuner`` core modules. ``config``, ``config_data`` and
+``vocabulary`` import no TensorFlow, so ``from tuner import PrecisionConfig`` stays light; the
+modules that apply a config import Keras at their top.
 """

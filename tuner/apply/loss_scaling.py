@@ -8,15 +8,13 @@ gaps through the optimizer's own extension point, the handling of non-finite gra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import keras
 
+from tuner.apply.config_data import ConfigData
 from tuner.apply.vocabulary import LossScaleKind
 from tuner.apply.weight_update import wrap
 
-if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
-    from tuner.apply.config import PrecisionConfig
 
 
 @keras.saving.register_keras_serializable(package="precision_tuner")
@@ -77,7 +75,7 @@ class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.step_counter.assign(0)  # skip the step; keep the scale
 
 
-def wrap_optimizer(cfg: PrecisionConfig, optimizer: keras.optimizers.Optimizer):
+def wrap_optimizer(cfg: ConfigData, optimizer: keras.optimizers.Optimizer):
     """Apply ``cfg``'s optimizer epsilon and loss scaling to ``optimizer``."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise TypeError("wrap_optimizer expects a plain optimizer, not a LossScaleOptimizer. "

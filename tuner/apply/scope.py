@@ -65,18 +65,17 @@ import difflib
 import functools
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import keras
 
+from tuner.apply.config_data import ConfigData
 from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
                                  layer_paths, matching_patterns, prospective_path,
                                  runs_a_graph, sublayers)
 
 _FLOAT32 = "float32"
 
-if TYPE_CHECKING:  # annotations only: the config imports this module to apply itself
-    from tuner.apply.config import PrecisionConfig
 
 class Float32Placer:
     """Decides which layers compute in float32 under one config, and remembers why.
@@ -85,7 +84,7 @@ class Float32Placer:
     (its path, once its parent is built) is safe.
     """
 
-    def __init__(self, cfg: PrecisionConfig) -> None:
+    def __init__(self, cfg: ConfigData) -> None:
         self.policy = cfg.policy
         self.groups = tuple(cfg.float32.groups)
         self.patterns = tuple(cfg.float32.layers)
@@ -344,7 +343,7 @@ def _cast_outputs_to_float32(model: keras.Model) -> None:
 
 
 @contextlib.contextmanager
-def precision_scope(cfg: PrecisionConfig) -> Iterator[Float32Placer]:
+def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
     previous_policy = keras.config.dtype_policy()
     previous_floatx = keras.config.floatx()
     previous_epsilon = keras.config.epsilon()

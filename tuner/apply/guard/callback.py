@@ -35,18 +35,17 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 
+from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import current_loss_scale, loss_scale_kind
 
-if TYPE_CHECKING:  # annotations only: the config imports this module to make a guard
-    from tuner.apply.config import PrecisionConfig
 
 __all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
 
@@ -73,7 +72,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     diagnosed); ``verbose``: 0 silences the one line per event.
     """
 
-    def __init__(self, config: PrecisionConfig, *, snapshot_every: int = 50,
+    def __init__(self, config: ConfigData, *, snapshot_every: int = 50,
                  max_repairs: int = 5, max_skipped: int = 25, spike_sigmas: float = 12.0,
                  check_every: int | None = 200, float32_check: Any = None, data: Any = None,
                  verbose: int = 1) -> None:

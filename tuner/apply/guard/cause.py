@@ -16,16 +16,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import keras
 
+from tuner.apply.config_data import ConfigData
 from tuner.apply.instruments import first_non_finite, non_finite, traced_step
 from tuner.apply.layers import layer_paths
 from tuner.apply.scope import Float32Placer
 
-if TYPE_CHECKING:  # annotations only: the config imports the guard to make one
-    from tuner.apply.config import PrecisionConfig
 
 
 @dataclass
@@ -108,7 +107,7 @@ def find_layer(model: keras.Model, path: str) -> keras.layers.Layer | None:
     return next((layer for layer, found in layer_paths(model) if found == path), None)
 
 
-def place_in_float32(model: keras.Model, config: PrecisionConfig, path: str) -> list:
+def place_in_float32(model: keras.Model, config: ConfigData, path: str) -> list:
     """Move the layer at ``path`` (and what it contains) to float32 compute; returns the
     ``(layer, previous policy)`` pairs it changed, for ``undo``."""
     layer = find_layer(model, path)
