@@ -5,16 +5,7 @@ class adds the three calls that apply it to a user's training: ``scope()``
 (tuner.apply.scope), ``wrap_optimizer()`` (tuner.apply.loss_scaling) and ``guard()``
 (tuner.apply.guard). Those modules take the config as ``ConfigData`` and never import this
 one; each is imported when its call is made, so ``from tuner import PrecisionConfig`` imports no
-TensorFlow. On disk (JSON or YAML)::
-
-    {"schema_version": 1,
-     "policy": "mixed_float16",
-     "loss_scale": {"kind": "dynamic", "initial_scale": 32768, "growth_steps": 2000,
-                    "value": null, "floor": 1.0},
-     "epsilon": {"backend": null, "optimizer": 0.0001},
-     "float32": {"groups": ["softmax"], "layers": [], "outputs": false},
-     "weight_update": "nearest",
-     "provenance": {...}}          # optional, informative only
+TensorFlow. Its file on disk (JSON or YAML): ``tuner.apply.config_data``.
 """
 
 from __future__ import annotations

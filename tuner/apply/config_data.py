@@ -11,6 +11,7 @@ On disk (JSON or YAML)::
                     "value": null, "floor": 1.0},
      "epsilon": {"backend": null, "optimizer": 0.0001},
      "float32": {"groups": ["softmax"], "layers": [], "outputs": false},
+     "weight_update": "nearest",
      "provenance": {...}}          # optional, informative only
 
 Past 300 lines: the artifact's parts (loss scale, epsilon, float32 placement, the config and

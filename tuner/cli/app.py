@@ -86,14 +86,11 @@ def _add_other_commands(commands) -> None:
 
     commands.add_parser("spaces", help="list the built-in search spaces")
 
-    train = commands.add_parser(
+    train = _task_and_config(commands.add_parser(
         "train", help="train a task to the end under a config, with the precision guard",
         description="Train the task's model to the end under CONFIG with the precision guard "
                     "(restores and repairs a failing 16-bit training); with --against float32 "
-                    "also in float32, side by side. Writes train.json in --run-dir.")
-    train.add_argument("task", metavar="TASK.py")
-    train.add_argument("--config", type=Path, required=True, metavar="FILE",
-                       help="an exported config (best_precision.json)")
+                    "also in float32, side by side. Writes train.json in --run-dir."))
     train.add_argument("--epochs", type=positive_int, default=30,
                        help="epochs [default: %(default)s]")
     train.add_argument("--against", choices=("float32",),
@@ -109,18 +106,23 @@ def _add_other_commands(commands) -> None:
     _add_bench_parser(commands)
 
 
+def _task_and_config(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A command on a task file under an exported config (train, bench)."""
+    command.add_argument("task", metavar="TASK.py")
+    command.add_argument("--config", type=Path, required=True, metavar="FILE",
+                         help="an exported config (best_precision.json)")
+    return command
+
+
 def _add_bench_parser(commands) -> None:
-    bench = commands.add_parser(
+    bench = _task_and_config(commands.add_parser(
         "bench", help="time a config against float32 in fresh processes: a speedup with "
                       "its interval",
         description="Time the task's training in float32 and under the --config FILE, each "
                     "measurement in a fresh process, in ABBA rounds, and print the speedup "
                     "(float32's step time over the config's) with its 95% interval: faster, "
                     "slower, or a tie when the interval holds 1.0. Run it on the machine the "
-                    "model will train on to check a tuned speedup there.")
-    bench.add_argument("task", metavar="TASK.py")
-    bench.add_argument("--config", type=Path, required=True, metavar="FILE",
-                       help="an exported config (best_precision.json)")
+                    "model will train on to check a tuned speedup there."))
     bench.add_argument("--rounds", type=positive_int, default=4,
                        help="rounds of one float32 and one config process each, at least 2 "
                             "[default: %(default)s]")
