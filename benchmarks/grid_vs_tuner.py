@@ -280,14 +280,44 @@ def _tuner_interval(tuner: dict) -> str:
     return text + (", tie" if tuner.get("tie_within_noise") else "")
 
 
+def _ray_section() -> list[str]:
+    """What Ray parallelism buys, from benchmarks/results/ray_parallel.json."""
+    path = RESULTS / "ray_parallel.json"
+    if not path.exists():
+        return []
+    ray = json.loads(path.read_text())
+    return [
+        "## Ray parallelism", "",
+        f"`python benchmarks/ray_parallel.py` (`{path.relative_to(ROOT)}`, {ray['machine']}): "
+        f"a study of {ray['trials']} trials of `{ray['task']}` took "
+        f"{ray['wall_2_workers_vs_1']:.2f}x the wall time with 2 workers as with 1, so no "
+        "gain on 2 cores: each worker gets one thread, and the re-measurement runs alone. Two "
+        "trials timed side by side instead of alone ran "
+        f"{ray['side_by_side_vs_exclusive']:.2f}x slower, with a "
+        f"{ray['spread_side_by_side_pct']:.1f}% spread. That is why finalists are re-measured "
+        "on a worker that has the node to itself, and why parallel trials pay only with more "
+        "cores or more nodes ([parallel trials and clusters](how-to/clusters.md)).", ""]
+
+
 def write_doc() -> None:
     """docs/BENCHMARKS.md from every results file, so other machines' rows can be added."""
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(render_doc())
+
+
+def render_doc() -> str:
+    """The text of docs/BENCHMARKS.md (tests/test_benchmark_results.py compares the page)."""
     lines = [
         "# Benchmarks",
         "",
-        "Produced by the scripts in `benchmarks/`; do not edit by hand. Each figure is a ratio "
-        "measured in one run on the machine named, so the machines' noise is in it; rerun "
-        "a script to check.",
+        "<!-- Written by `python benchmarks/grid_vs_tuner.py --doc-only` from "
+        "benchmarks/results/ and docs/_parts/benchmarks-reading.md: edit those, not this "
+        "page. -->",
+        "",
+        "What was measured, on which machine, when, and from which results file. Each figure is "
+        "a ratio measured in one run on the machine named, so that machine's noise is in it: "
+        "on your own machine, `precision-tuner bench TASK --config FILE` times a config "
+        "against float32.",
         "",
         "## The tuner against an exhaustive grid",
         "",
@@ -350,11 +380,17 @@ def write_doc() -> None:
                     f"{q['distinct_configs']} | {q['pick']} | "
                     f"{q['breakdown'].removeprefix('where the time went: ')} |")
             lines.append("")
-    extra = DOC.with_name("BENCHMARKS.notes.md")
-    if extra.exists():
-        lines += [extra.read_text().rstrip(), ""]
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text("\n".join(lines))
+    if not (RESULTS / "grid_vs_tuner_gpu.json").exists():
+        lines += ["### GPU", "",
+                  "No GPU results file yet. On a GPU machine, `pip install \".[gpu]\"` and "
+                  "`python benchmarks/grid_vs_tuner.py` write "
+                  "`benchmarks/results/grid_vs_tuner_gpu.json`, and its rows appear here. Which "
+                  "GPUs can gain is on [which hardware benefits](concepts/hardware.md).", ""]
+    reading = ROOT / "docs" / "_parts" / "benchmarks-reading.md"
+    if reading.exists():
+        lines += [reading.read_text().rstrip(), ""]
+    lines += _ray_section()
+    return "\n".join(lines)
 
 
 def main() -> int:

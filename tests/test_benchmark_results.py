@@ -49,3 +49,11 @@ def test_the_run_to_run_allowance_is_the_largest_measured_sessions():
         assert session["summary"]["tunes"] >= 6
     assert bench.with_recommendation(results["sessions"])["recommended_sd"] == \
         results["recommended_sd"] == RUN_DRIFT_SD
+
+
+def test_the_benchmarks_page_is_its_results_files_rendered():
+    """docs/BENCHMARKS.md is what ``grid_vs_tuner.py --doc-only`` writes from the results files
+    (and docs/_parts/benchmarks-reading.md): a rerun cannot bring back text typed into it."""
+    bench = _benchmark("grid_vs_tuner")
+    assert bench.DOC.read_text() == bench.render_doc(), \
+        "docs/BENCHMARKS.md: run python benchmarks/grid_vs_tuner.py --doc-only"
