@@ -107,7 +107,7 @@ class RunPlan:
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
                 "run_drift": self.run_drift,
                 "skipped_policies": list(self.skipped_policies or ()),
-                "objective": self.objective, "memory_slack": self.memory_slack,
+                "objective": self.objective.value, "memory_slack": self.memory_slack,
                 "sizing": self.sizing.to_dict() if self.sizing else None,
                 "sized_by": self.sized_by, "batch_pool": self.batch_pool,
                 "confirm": dataclasses.asdict(self.confirm)}
