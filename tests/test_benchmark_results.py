@@ -57,3 +57,17 @@ def test_the_benchmarks_page_is_its_results_files_rendered():
     bench = _benchmark("grid_vs_tuner")
     assert bench.DOC.read_text() == bench.render_doc(), \
         "docs/BENCHMARKS.md: run python benchmarks/grid_vs_tuner.py --doc-only"
+
+
+def test_the_hardware_pages_ceiling_table_is_the_results_files_rendered():
+    """The hardware page's table is ``ceiling.py --table`` over every ceiling_*.json; each
+    file's summary is the median of its runs (recomputed here), from at least 3 processes."""
+    bench = _benchmark("ceiling")
+    results = bench.all_results()
+    assert results, "no benchmarks/results/ceiling_*.json: run python benchmarks/ceiling.py"
+    for result in results:
+        assert len(result["runs"]) >= 3
+        assert result["summary"] == bench.summarize(result["runs"])
+    page = (ROOT / "docs" / "concepts" / "hardware.md").read_text()
+    quoted = page.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0]
+    assert quoted.strip() == bench.table(results)
