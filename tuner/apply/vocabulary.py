@@ -12,7 +12,9 @@ from __future__ import annotations
 import enum
 
 
-class _Vocabulary(str, enum.Enum):
+class Vocabulary(str, enum.Enum):
+    """A closed set of names as a ``str`` enum (also ``tuner.judging.objective.Objective``)."""
+
     def __str__(self) -> str:
         return self.value
 
@@ -45,7 +47,7 @@ class _Vocabulary(str, enum.Enum):
         return list(type(self)).index(self)
 
 
-class LossScaleKind(_Vocabulary):
+class LossScaleKind(Vocabulary):
     """How the loss is scaled where compute is float16 (``LossScale.kind``)."""
 
     NONE = "none"
@@ -76,7 +78,7 @@ class LossScaleKind(_Vocabulary):
         return self is LossScaleKind.FIXED
 
 
-class WeightUpdate(_Vocabulary):
+class WeightUpdate(Vocabulary):
     """How 16-bit weights take their updates (``PrecisionConfig.weight_update``,
     :mod:`tuner.apply.weight_update`); simplest first."""
 

@@ -16,36 +16,24 @@ any other. Pure Python: plain configs and numbers in.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Sequence
 
 from tuner.apply.config import PrecisionConfig
+from tuner.apply.vocabulary import Vocabulary
 from tuner.judging.decision import complexity
 from tuner.judging.noise import SEARCH_DRIFT
 
 DEFAULT_MEMORY_SLACK = 0.10
 
 
-class Objective(str, enum.Enum):
+class Objective(Vocabulary):
     """What "best" means. Every module asks it a question below instead of comparing names;
     the value is what run.json, MLflow and the CLI spell."""
 
     SPEED = "speed"
     MEMORY = "memory"
     BALANCED = "balanced"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def named(cls, name: "str | Objective") -> "Objective":
-        """The objective called ``name``; ValueError naming the choices for any other."""
-        try:
-            return cls(name)
-        except ValueError:
-            raise ValueError(f"invalid choice: {str(name)!r} (choose from "
-                             f"{', '.join(repr(o.value) for o in cls)})") from None
 
     @property
     def uses_memory(self) -> bool:
