@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import enum
+import functools
 import inspect
 import textwrap
 import types
@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.apply.vocabulary import Vocabulary
 from tuner.errors import UsageError
 from tuner.run.flags import Flags
 
@@ -67,7 +68,7 @@ class TuneOption:
 
     @property
     def choices(self) -> tuple | None:
-        if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
+        if isinstance(self.kind, type) and issubclass(self.kind, Vocabulary):
             return tuple(self.kind)
         if typing.get_origin(self.kind) is typing.Literal:
             return typing.get_args(self.kind)
@@ -78,19 +79,21 @@ class TuneOption:
         """argparse's ``type``: text in, the value out (None: the text itself)."""
         if self.option.check is not None:
             return self.option.check
-        if isinstance(self.kind, type) and issubclass(self.kind, enum.Enum):
+        if isinstance(self.kind, type) and issubclass(self.kind, Vocabulary):
             return self._member
         return self.kind if self.kind in (int, float, Path) else None
 
-    def _member(self, text: str) -> enum.Enum:
+    def _member(self, text: str) -> Vocabulary:
         try:
-            return self.kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(_invalid_choice(text, self.choices)) from None
+            return self.kind.named(text)   # the vocabulary's own one-line refusal
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def tune_options(tune: Callable) -> list[TuneOption]:
-    """The options of ``tune`` (``tuner.tune``), in the signature's order."""
+@functools.cache
+def tune_options(tune: Callable) -> tuple[TuneOption, ...]:
+    """The options of ``tune`` (``tuner.tune``), in the signature's order; read once (the
+    docstring, the parser and ``submit``'s forwarded list all ask)."""
     hints = typing.get_type_hints(tune, include_extras=True)
     options = []
     for name, parameter in inspect.signature(tune).parameters.items():
@@ -99,7 +102,7 @@ def tune_options(tune: Callable) -> list[TuneOption]:
             continue
         kind, option = typing.get_args(hint)[:2]
         options.append(TuneOption(name, option, parameter.default, _without_none(kind)))
-    return options
+    return tuple(options)
 
 
 def _without_none(kind: Any) -> Any:

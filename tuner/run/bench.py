@@ -26,10 +26,10 @@ from typing import Callable
 
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError, UsageError
+from tuner.process_lines import BENCH, read_line
 from tuner.judging.noise import SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
 from tuner.run.task_file import check_task_file
 
-_LINE = "PT-BENCH "   # tuner.worker.bench's result line
 FLOAT32 = "float32"
 
 
@@ -41,9 +41,10 @@ def _measure(task: Path, which: str, steps: int, warmup: int, seed: int) -> dict
     done = subprocess.run([sys.executable, "-m", "tuner.worker.bench", str(task), which,
                            str(steps), str(warmup), str(seed)],
                           capture_output=True, text=True, env=env)
-    for line in done.stdout.splitlines():
-        if line.startswith(_LINE):
-            return json.loads(line[len(_LINE):])
+    for text in done.stdout.splitlines():
+        kind, figures = read_line(text)
+        if kind == BENCH:
+            return figures
     last = ([line for line in done.stderr.splitlines() if line.strip()] or ["no output"])[-1]
     side = "float32" if which == FLOAT32 else "config"
     raise TaskError(f"the {side} measurement of {task.name} failed (exit {done.returncode}): "

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from tuner.apply.config import PrecisionConfig
-from tuner.apply.guard.report import (ARTIFACT, DONE, EPOCH, EVENTS_TAG, guard_record,
-                                      read_line)
+from tuner.apply.guard.report import ARTIFACT, EVENTS_TAG, guard_record
+from tuner.process_lines import DONE, EPOCH, read_line
 from tuner.errors import TaskError, UsageError
 from tuner.judging.learning import LEVEL_ALLOWANCE
 from tuner.records.mlflow_records import experiment_for

@@ -229,7 +229,7 @@ def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
         run_drift=recorded.get("run_drift", RUN_DRIFT_SD if flags.run_drift is None
                                else flags.run_drift),
         keep_slow_policies=flags.keep_slow_policies,
-        objective=Objective(recorded.get("objective") or flags.objective or Objective.SPEED),
+        objective=recorded.get("objective") or flags.objective or Objective.SPEED,
         memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
         skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
         sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,

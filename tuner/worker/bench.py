@@ -14,11 +14,11 @@ device. A bad task or config ends it with one line on stderr and exit 2.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
+from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.startup import import_frameworks
 from tuner.worker.steps import fit_steps, step_recorder
@@ -26,7 +26,6 @@ from tuner.worker.task_loader import fixed_batches, load_task
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
 
-LINE = "PT-BENCH "
 
 
 def measure(task_path: str, which: str, steps: int, warmup: int, seed: int = 0) -> dict:
@@ -72,7 +71,7 @@ def main(argv: list[str]) -> int:
     except TunerError as exc:
         print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, file=sys.stderr)
         return 2
-    print(LINE + json.dumps(figures), flush=True)
+    print(line(BENCH, figures), flush=True)
     return 0
 
 

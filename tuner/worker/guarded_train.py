@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 
 from tuner.apply.config import PrecisionConfig
-from tuner.apply.guard.report import DONE, EPOCH, guard_record, line
+from tuner.apply.guard.report import guard_record
+from tuner.process_lines import DONE, EPOCH, line
 from tuner.worker.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
