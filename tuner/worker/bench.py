@@ -20,12 +20,17 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.failures import classify_on
 from tuner.worker.startup import import_frameworks
 from tuner.worker.steps import fit_steps, step_recorder
 from tuner.worker.task_loader import fixed_batches, load_task
 from tuner.worker.task_model import compile_for_trial
 from tuner.worker.trial import reset_keras_state
 
+
+
+class Failed(Exception):
+    """The model failed to train under the config; the message is one line."""
 
 
 def measure(task_path: str, which: str, steps: int, warmup: int, seed: int = 0) -> dict:
@@ -39,10 +44,16 @@ def measure(task_path: str, which: str, steps: int, warmup: int, seed: int = 0) 
     spec = TrialSpec(number=0, task_path=task_path, config=config.to_dict(), steps=total,
                      warmup_steps=warmup, seed=seed)
     result = TrialResult(number=0, outcome=TrialOutcome.COMPLETED, warmup_steps=warmup)
-    with config.scope():
-        model = task.build_model()
-        optimizers = compile_for_trial(model, task, config)
-        fit_steps(model, batches, total, [step_recorder(optimizers, spec, result)])
+    model = None
+    try:
+        with config.scope():
+            model = task.build_model()
+            optimizers = compile_for_trial(model, task, config)
+            fit_steps(model, batches, total, [step_recorder(optimizers, spec, result)])
+    except TunerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - read as a trial's failure is, layer and fix named
+        raise Failed(classify_on(model, exc, stage="train")[1]) from None
     # The policy the model was built under (the config's scope applied, or not).
     return {"which": which, "policy": model.dtype_policy.name,
             "timed_steps_ms": result.timed_steps_ms, "median_ms": result.median_step_ms,
@@ -71,6 +82,9 @@ def main(argv: list[str]) -> int:
     except TunerError as exc:
         print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, file=sys.stderr)
         return 2
+    except Failed as exc:   # the model fails under this config: the trials' one-line reading
+        print(str(exc), file=sys.stderr)
+        return 1
     print(line(BENCH, figures), flush=True)
     return 0
 

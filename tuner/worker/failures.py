@@ -204,3 +204,27 @@ def classify(exc: BaseException, *, stage: str, layer_paths: Sequence[str] = (),
         return (FailureClass.TASK_ERROR, f"the task's own code raised {type(exc).__name__}"
                 f"{where}: {reading.message}{at}", layer)
     return FailureClass.OTHER, f"{type(exc).__name__}{where}: {reading.message}{at}", layer
+
+
+def classify_on(model, exc: BaseException, *, stage: str) -> tuple[FailureClass, str, str | None]:
+    """``classify`` with what it needs read off ``model`` (None: not built when it failed):
+    a trial's failure and a bench measurement's are read alike."""
+    paths, loss_layers = _failure_context(model)
+    return classify(exc, stage=stage, layer_paths=paths, loss_layers=loss_layers)
+
+
+def _failure_context(model) -> tuple[list[str], list[str]]:
+    """What ``classify`` needs from the model, in one walk of its layers: every layer's path,
+    and the layers whose last call added a loss term that is not float32 (``add_loss``)."""
+    if model is None:
+        return [], []
+    from tuner.apply.layers import layer_paths
+
+    try:
+        pairs = layer_paths(model)
+    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
+        return [], []
+    loss_layers = [path for layer, path in pairs
+                   if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
+                          for term in getattr(layer, "_losses", []))]
+    return [path for _, path in pairs], loss_layers

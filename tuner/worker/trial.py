@@ -15,7 +15,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.memory import MemoryMeter, training_memory
-from tuner.worker.failures import classify
+from tuner.worker.failures import classify_on
 from tuner.worker.live_models import keep
 from tuner.worker.steps import fit_steps, step_recorder
 from tuner.worker.task_model import compile_for_trial, has_forward_pass, one_pass
@@ -83,9 +83,8 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
     except Exception as exc:  # noqa: BLE001 - every failure becomes part of the result
-        paths, loss_layers = _failure_context(model)
-        failure_class, message, layer = classify(exc, stage="task" if stage == "task" else "train",
-                                                 layer_paths=paths, loss_layers=loss_layers)
+        failure_class, message, layer = classify_on(model, exc,
+                                                    stage="task" if stage == "task" else "train")
         result = TrialResult.failed(spec.number, failure_class, message, layer,
                                     warmup_steps=spec.warmup_steps, **_what_it_measured(result))
     finally:
@@ -138,21 +137,6 @@ def _input_rounding(task, model, first_batch,
     return first_rounding(lambda: one_pass(model, first_batch, training=False), checks)
 
 
-def _failure_context(model) -> tuple[list[str], list[str]]:
-    """What ``classify`` needs from the model, in one walk of its layers: every layer's path,
-    and the layers whose last call added a loss term that is not float32 (``add_loss``)."""
-    if model is None:
-        return [], []
-    from tuner.apply.layers import layer_paths
-
-    try:
-        pairs = layer_paths(model)
-    except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
-        return [], []
-    loss_layers = [path for layer, path in pairs
-                   if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
-                          for term in getattr(layer, "_losses", []))]
-    return [path for _, path in pairs], loss_layers
 
 
 def batch_size_of(x) -> int | None:
