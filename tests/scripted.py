@@ -21,7 +21,7 @@ from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
 from tuner.search.space_files import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.steps import too_slow_reason
+from tuner.worker.steps import time_bound_reached, too_slow_reason
 
 
 @dataclass
@@ -101,6 +101,9 @@ class Machine:
             if reason:
                 result.outcome, result.stop_reason = TrialOutcome.STOPPED_SLOW, reason
                 validation = None
+                break
+            result.train_s = sum(result.step_times_ms[1:]) / 1000
+            if time_bound_reached(result, spec):
                 break
         done = len(result.step_times_ms)
         result.train_s = sum(result.step_times_ms[1:]) / 1000
@@ -187,7 +190,8 @@ def space_file(tmp_path: Path, text: str, name: str = "space"):
 def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: bool = False,
                   min_gain: float = 0.03, seed: int = 0, finalists: int = 3,
                   remeasurement: Remeasurement | None = None, objective: str = "speed",
-                  memory_slack: float = 0.10, run_drift: float = 0.0) -> Scheduler:
+                  memory_slack: float = 0.10, run_drift: float = 0.0,
+                  emulated: dict[str, float] | None = None) -> Scheduler:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -197,7 +201,8 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                    steps=20, seed=seed, tolerance=0.9, exhaustive=exhaustive,
                    tracking_uri=None, resume=False, finalists=finalists, min_gain=min_gain,
                    remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
-                   objective=objective, memory_slack=memory_slack, run_drift=run_drift)
+                   objective=objective, memory_slack=memory_slack, run_drift=run_drift,
+                   emulated=emulated or {}, ceiling_device="CPU")
     study = optuna.create_study(directions=["minimize"] * objective.directions,
                                 sampler=optuna.samplers.TPESampler(seed=seed,
                                                                    n_startup_trials=4))

@@ -66,6 +66,11 @@ class TrialSpec:
     # A live model's run trains until the model has trained this many steps in all (the
     # confirmation brings float32 and the pick to the same step counts); None: ``steps`` more.
     train_to: int | None = None
+    # Train at most this many seconds (after the traced first step), never fewer than
+    # ``time_bound_min_steps`` steps: a trial far slower than the float32 baseline is judged
+    # on the steps it trained in that time, not on the full count (None: no bound).
+    time_bound_s: float | None = None
+    time_bound_min_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +99,7 @@ class TrialResult:
     failure_layer: str | None = None
     stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
     sized_by: str = ""        # a sized run: why it stopped where it did (tuner.judging.sizing)
+    time_bounded_s: float | None = None  # stopped at its spec's time bound (that many seconds)
     # What training needs, counted from the model's tensors (tuner.worker.memory).
     training_memory: dict[str, Any] | None = None
     memory_error: str = ""    # why training_memory could not be counted

@@ -60,6 +60,13 @@ class Objective(Vocabulary):
         return self is Objective.SPEED
 
     @property
+    def ranks_by_memory(self) -> bool:
+        """Whether the least training memory wins (simplicity, then speed, break ties): then
+        a config that would rank behind enough stable ones is not trained
+        (``tuner.judging.worth_training``)."""
+        return self is Objective.MEMORY
+
+    @property
     def skips_slow_policies(self) -> bool:
         """Whether policies the device's ceiling says cannot beat float32 are left out."""
         return self is Objective.SPEED
@@ -91,20 +98,6 @@ class Point:
     def describe(self) -> str:
         return (f"#{self.number} {self.config.describe()}: {self.step_ms:.2f} ms/step, "
                 f"{self.memory_bytes / 1e6:.3g} MB")
-
-
-def needs_no_more_memory(smaller: PrecisionConfig, config: PrecisionConfig) -> bool:
-    """Whether ``smaller`` needs no more training memory than ``config`` by construction: the
-    same policy (the same weight, gradient, optimizer-state and activation dtypes), no float32
-    placement that ``config`` lacks (a float32 layer keeps float32 activations), and no
-    compensated update (its buffers) unless ``config`` has one. Under ``balanced`` a trial is
-    stopped as slow only against such a config: being also faster, it dominates the trial,
-    which then cannot be on the front whatever the trials still to come."""
-    return (smaller.policy == config.policy
-            and set(smaller.float32.groups) <= set(config.float32.groups)
-            and set(smaller.float32.layers) <= set(config.float32.layers)
-            and smaller.float32.outputs <= config.float32.outputs
-            and (not smaller.weight_update.keeps_buffers or config.weight_update.keeps_buffers))
 
 
 def pareto_front(points: Sequence[Point]) -> list[Point]:

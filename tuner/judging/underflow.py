@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from tuner.apply.config import PrecisionConfig
+from tuner.trial_types import TrialResult
+
 FLOAT16_FLUSH_EXPONENT = -24   # float16's smallest subnormal is 2^-24
 NOTABLE_FLUSH = 0.05           # a layer is named when at least 5% of its gradients flush
 NAMED_LAYERS = 3
@@ -48,3 +51,14 @@ def underflow_note(histograms: Mapping[str, Mapping[str, int]], scale: float) ->
     named = ", ".join(f"{layer} ({share:.0%})" for share, layer in notable[:NAMED_LAYERS])
     more = f" and {len(notable) - NAMED_LAYERS} more" if len(notable) > NAMED_LAYERS else ""
     return f"weight gradients float16 flushes to zero at scale {scale:g}: {named}{more}"
+
+
+def trained_scale(result: TrialResult, config: PrecisionConfig) -> float:
+    """The loss scale a float16 trial ended at: 1 without one, a fixed scale's value, where
+    a dynamic scale had got to."""
+    scale = config.loss_scale
+    if scale.kind.fixed and scale.value:
+        return scale.value
+    if scale.kind.moves:
+        return next((s for s in reversed(result.loss_scales) if s), scale.initial_scale)
+    return 1.0

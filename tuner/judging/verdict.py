@@ -44,6 +44,9 @@ class Judgement:
     median_step_ms: float | None
     note: str = ""                    # context a reader needs (e.g. float32 barely learned)
     shortfall: bool = False           # unstable for learning less or ending worse than float32
+    # A time-bounded trial (``TrialResult.time_bounded_s``): the steps it was judged on,
+    # against float32's first as many; None when judged on the full count.
+    judged_steps: int | None = None
 
     @property
     def stable(self) -> bool:
@@ -97,6 +100,10 @@ def settled_skips(result: TrialResult, floor: float = 0.0) -> int:
 def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
           max_skipped_fraction: float, min_loss_decrease_ratio: float,
           expected_steps: int) -> Judgement:
+    if result.time_bounded_s is not None and baseline is not None and baseline is not result:
+        return _judge_bounded(result, baseline, floor=floor,
+                              max_skipped_fraction=max_skipped_fraction,
+                              min_loss_decrease_ratio=min_loss_decrease_ratio)
     median = result.median_step_ms
     if result.outcome is TrialOutcome.FAILED:
         return Judgement(Verdict.FAILED, result.failure_message or "failed", None, median)
@@ -138,6 +145,26 @@ def judge(result: TrialResult, baseline: TrialResult | None, *, floor: float,
         return Judgement(Verdict.UNSTABLE, gap, judgement.loss_decrease_ratio, median,
                          judgement.note, shortfall=True)
     return judgement
+
+
+def _judge_bounded(result: TrialResult, baseline: TrialResult, **rules) -> Judgement:
+    """A trial stopped at its time bound, judged on the steps it trained against float32's
+    first as many (the same batches in the same order), every rule scaled to that count. Its
+    validation is not compared: float32 validated after all its steps, and a model that
+    trained fewer would read as worse for that alone (the confirmation validates a pick over
+    a longer run)."""
+    steps = len(result.losses)
+    first = replace(baseline, losses=baseline.losses[:steps], validation=None,
+                    loss_terms={name: values[:steps]
+                                for name, values in baseline.loss_terms.items()})
+    judgement = judge(replace(result, time_bounded_s=None), first, expected_steps=steps,
+                      **rules)
+    why = (f"judged on its first {steps} steps against float32's first {steps}: it trained "
+           f"for its time bound ({result.time_bounded_s:.3g} s) instead of "
+           f"{len(baseline.losses)} steps; validation not compared")
+    if not judgement.stable:
+        return replace(judgement, reason=f"{judgement.reason} ({why})", judged_steps=steps)
+    return replace(judgement, judged_steps=steps, note=judgement.note)
 
 
 def any_collapse(result: TrialResult, floor: float) -> str:

@@ -36,8 +36,13 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
                      _fmt(_validation_figure(row.result.validation or {}), ".4g"),
                      _fmt(memory["total_bytes"] / 1e6 if memory else None, ".3g"),
-                     row.judgement.reason or ""])
+                     row.judgement.reason or _bounded(row)])
     return rows
+
+
+def _bounded(row) -> str:
+    steps = row.judgement.judged_steps
+    return f"time-bounded: judged on its first {steps} steps" if steps else ""
 
 
 def _validation_figure(validation: dict) -> float | None:
@@ -119,7 +124,7 @@ def headline(summary: "TuneSummary") -> list[str]:
         # Without a loss scale, the re-measurement's note gives the evidence.
         if why and summary.best_config.loss_scale.kind.scales:
             lines.append(f"loss scale: {why}")
-    lines += summary.head_lines + summary.objective_lines
+    lines += summary.head_lines + summary.objective_lines + summary.search_lines
     lines += [f"re-measurement: {note}" for note in summary.remeasure_notes]
     lines += confirmation_lines(summary)
     validation = validation_line(summary)

@@ -66,6 +66,8 @@ class TuneSummary:
     objective_lines: list[str] = field(default_factory=list)  # memory/balanced: the choice
     record_notes: list[str] = field(default_factory=list)  # a record that failed (MLflow)
     head_lines: list[str] = field(default_factory=list)  # output heads kept float32 (targets)
+    # Proposals not trained and trials stopped early, one line per reason (tuner.run.held).
+    search_lines: list[str] = field(default_factory=list)
     confirmations: list[Any] = field(default_factory=list)  # tuner.run.confirm.Confirmation
     confirm_skipped: bool = False       # --no-confirm
 

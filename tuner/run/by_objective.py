@@ -13,7 +13,7 @@ the summary; float32 is exported only when none holds.
 
 from __future__ import annotations
 
-from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence
+from tuner.judging.decision import Candidate, Decision, decide
 from tuner.judging.noise import SpeedupEstimate
 from tuner.judging.objective import Point, pareto_front, ranked
 from tuner.records.results import TrialRow
@@ -27,9 +27,7 @@ def _points(scheduler: Scheduler) -> tuple[dict[int, TrialRow], list[Point], lis
     """The stable trials the objective can rank (a memory figure, and for float16 without a
     loss scale the evidence that it needs none), as points; and a line for each left out
     because its memory could not be counted."""
-    allowed, _ = no_loss_scale_evidence(scheduler.plan.gradient_p01)
-    rows = {r.number: r for r in scheduler.timed_stable_rows() if r.result.training_memory
-            and (allowed or not r.config.float16_without_loss_scale)}
+    rows = {r.number: r for r in scheduler.ranked_stable_rows()}
     points = [Point(r.number, r.config, r.judgement.median_step_ms,
                     int(r.result.training_memory["total_bytes"])) for r in rows.values()]
     uncounted = [f"left #{r.number} ({r.config.describe()}) out: its training memory could "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.apply.config import PrecisionConfig
+from tuner.run.held import stopped_lines
 from tuner.run.loss_scale_why import loss_scale_why
 from tuner.run.plan import RunPlan
 from tuner.run.remeasure import Remeasured
@@ -125,6 +126,7 @@ def summary_of(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhaust
         decision=outcome.decision.explanation, remeasure_notes=outcome.notes,
         objective_lines=outcome.objective_lines, confirmations=outcome.confirmations,
         confirm_skipped=outcome.confirm_skipped,
+        search_lines=scheduler.held.lines() + stopped_lines(scheduler.rows, plan.steps),
         head_lines=[f"output head {path} stays float32 in every {' and '.join(dtypes)} config: "
                     "the targets it must produce need it (see the diagnostics)"
                     for path, dtypes in plan.space.output_heads])

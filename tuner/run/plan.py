@@ -28,6 +28,14 @@ from tuner.search.space_files import load_space
 from tuner.records.timing import CANNOT_WIN_BELOW
 
 
+# A trial whose training runs past this many times the float32 baseline's (an emulated dtype
+# runs 10-300x slower) stops there and is judged on the steps it took; never under
+# MIN_BOUND_S (a tiny model's baseline trains in a fraction of a second, inside one stall of a
+# shared machine).
+SLOW_TRIAL_BOUND = 4.0
+MIN_BOUND_S = 2.0
+
+
 @dataclass(frozen=True)
 class Remeasurement:
     """How the finalists are re-timed against float32 before a winner is named."""
@@ -80,6 +88,14 @@ class RunPlan:
     # Policies left out because the device's ceiling says they cannot win; None until decided
     # (a resumed run keeps what its run decided).
     skipped_policies: tuple[str, ...] | None = None
+    # The 16-bit dtypes the device's ceiling says it emulates (dtype -> the small step's
+    # speed against float32's) and that device: under memory their configs wait for the fast
+    # dtype's (tuner.judging.worth_training). Empty with --keep-slow-policies.
+    emulated: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    ceiling_device: str = ""
+    # Once the baseline has trained: how long a later trial (and its re-measurement) trains
+    # at most before it is judged on the steps it took (``time_bounded``).
+    time_bound_s: float | None = None
     # Steps not fixed by --steps: the float32 baseline trial is sized by this rule and every
     # later trial trains its count (``sized``); None once sized, or when --steps fixed it.
     sizing: Sizing | None = None
@@ -115,6 +131,12 @@ class RunPlan:
     def sized(self, steps: int, why: str) -> "RunPlan":
         """The plan once the baseline is sized: every later run trains ``steps`` steps."""
         return dataclasses.replace(self, steps=steps, sizing=None, sized_by=why)
+
+    def time_bounded(self, baseline_train_s: float) -> "RunPlan":
+        """The plan once the baseline has trained: a trial far slower than it trains for at
+        most ``SLOW_TRIAL_BOUND`` times its training time (never under ``MIN_BOUND_S``)."""
+        return dataclasses.replace(self, time_bound_s=max(SLOW_TRIAL_BOUND * baseline_train_s,
+                                                          MIN_BOUND_S))
 
     def describe_steps(self) -> str:
         if self.sizing is None:
@@ -161,8 +183,12 @@ class RunPlan:
         space = dataclasses.replace(self.space, policies=tuple(
             p for p in self.space.policies if p not in skipped))
         trials = space.size() if self.exhaustive else self.trials
+        emulated = {} if self.keep_slow_policies or not ceiling else {
+            dtype: speed for dtype, speed in ceiling["speed"].items()
+            if dtype != "float32" and speed < CANNOT_WIN_BELOW}
         return dataclasses.replace(self, space=space, trials=trials,
-                                   skipped_policies=tuple(skipped)), notes
+                                   skipped_policies=tuple(skipped), emulated=emulated,
+                                   ceiling_device=(ceiling or {}).get("device", "")), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""

@@ -129,8 +129,9 @@ class Rounds:
     def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
         """The pick, and the next ones if it fails, trained on against float32 before export."""
         def run(row: TrialRow, train_to: int, validate: bool) -> TrialResult:
+            # The confirmation trains to its own budget (tuner.run.confirm), not the trials'.
             spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
-                                       validate=validate, train_to=train_to)
+                                       validate=validate, train_to=train_to, time_bound_s=None)
             return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
                                           phase="confirmation")
 

@@ -16,12 +16,15 @@ from tuner.apply.config import PrecisionConfig, compute_dtype_of
 from tuner.errors import TunerError
 from tuner.execution.base import Executor
 from tuner.run.plan import RunPlan
+from tuner.search.space import MIN_TIMED_STEPS
 from tuner.search.proposer import Proposal, Proposer
 from tuner.records.results import NoProgress, Progress, TrialRow
 from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.judging.objective import needs_no_more_memory
-from tuner.judging.underflow import underflow_note
+from tuner.judging.decision import no_loss_scale_evidence
+from tuner.judging.worth_training import HoldKind, hold_for, needs_no_more_memory
+from tuner.run.held import HeldConfigs
+from tuner.judging.underflow import trained_scale, underflow_note
 from tuner.judging.verdict import Judgement, judge
 
 # Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
@@ -32,17 +35,6 @@ LIVE_MODELS_MEMORY_BOUND = 512 * 2**20
 # The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
 # another trial shared the node is noisier and biased upwards: widen the limit by this much.
 SHARED_TIMING_WIDENING = 1.5
-
-
-def trained_scale(result: TrialResult, config: PrecisionConfig) -> float:
-    """The loss scale a float16 trial ended at: 1 without one, a fixed scale's value, where
-    a dynamic scale had got to."""
-    scale = config.loss_scale
-    if scale.kind.fixed and scale.value:
-        return scale.value
-    if scale.kind.moves:
-        return next((s for s in reversed(result.loss_scales) if s), scale.initial_scale)
-    return 1.0
 
 
 class TrialRecords(Protocol):
@@ -59,6 +51,8 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
     return TrialSpec(number=number, task_path=str(plan.task_path), config=config.to_dict(),
                      steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
                      stop_if_slower_than_ms=stop_if_slower_than_ms,
+                     time_bound_s=plan.time_bound_s if number else None,
+                     time_bound_min_steps=plan.warmup_steps + MIN_TIMED_STEPS,
                      integer_inputs=[dict(entry) for entry in plan.integer_inputs],
                      continuous_inputs=[dict(entry) for entry in plan.continuous_inputs],
                      batch_pool=plan.batch_pool)
@@ -80,6 +74,8 @@ class Scheduler:
         self.trace_s = 0.0
         self._budget_used = 0
         self._kept: list[int] = [0]   # trials whose models the worker keeps alive
+        # Proposals not trained, or not yet (tuner.judging.worth_training).
+        self.held = HeldConfigs(dict(plan.emulated), plan.ceiling_device, plan.finalists)
 
     # -- bookkeeping -----------------------------------------------------------------------
     @property
@@ -90,6 +86,13 @@ class Scheduler:
         """Stable trials with a step time, fastest (search-phase median) first."""
         stable = [r for r in self.rows if r.judgement.stable and r.judgement.median_step_ms]
         return sorted(stable, key=lambda r: r.judgement.median_step_ms)
+
+    def ranked_stable_rows(self) -> list[TrialRow]:
+        """The stable trials an objective of memory can rank: with a memory figure and, for
+        float16 without a loss scale, the diagnostics' evidence that it needs none."""
+        allowed, _ = no_loss_scale_evidence(self.plan.gradient_p01)
+        return [r for r in self.timed_stable_rows() if r.result.training_memory
+                and (allowed or not r.config.float16_without_loss_scale)]
 
     def best_stable(self) -> TrialRow | None:
         stable = self.timed_stable_rows()
@@ -165,28 +168,56 @@ class Scheduler:
                              "baseline; it cannot be resumed. Start a new --run-dir.")
         if self.rows and self.plan.sizing is not None:  # killed before run.json said so
             self._size(self.rows[0].result)
+        if self.rows:
+            self.plan = self.plan.time_bounded(self.rows[0].result.train_s)
 
     # -- the search ------------------------------------------------------------------------
     def run(self) -> bool:
-        """Run trials until the budget is spent; return True when the space ran out first."""
+        """Run trials until the budget is spent; return True when the space ran out first.
+        Then the deferred proposals come back once (``HeldConfigs.release``)."""
         number = max((r.number for r in self.rows), default=-1) + 1
         while True:
             capacity = 1 if not self.rows else self.executor.slots
-            while self.executor.in_flight() < capacity and self._may_propose():
-                pending_keys = {p.key for p in self.pending.values()}
-                proposal = self.proposer.next(pending_keys)
+            while self.executor.in_flight() < capacity:
+                proposal, released = self._next_proposal()
                 if proposal is None:
                     break
+                if released:
+                    self.held.trained_after.append((number, proposal.config.compute_dtype))
                 if not self.rows and not self.pending and proposal.config.policy != "float32":
                     raise TunerError("internal error: the first trial must be the float32 "
                                      "baseline")
                 self._submit(number, proposal)
                 number += 1
             if not self.pending:
+                if self.held.release():
+                    continue
                 return self.proposer.exhausted and self._budget_used < self.plan.trials
             for result in self.executor.wait_any():
                 self._finish(self.pending.pop(result.number), self.account(result))
             interrupt.raise_if_requested()
+
+    def _next_proposal(self) -> tuple[Proposal | None, bool]:
+        """The next proposal worth training now, and whether the search had deferred it: a
+        released one, else the proposer's within the budget; those not worth training are
+        held (``tuner.judging.worth_training``)."""
+        while True:
+            proposal = self.held.next_released()
+            final = proposal is not None
+            if proposal is None and self._may_propose():
+                pending_keys = {p.key for p in self.pending.values()} | self.held.waiting_keys
+                proposal = self.proposer.next(pending_keys)
+            if proposal is None:
+                return None, False
+            hold = None if proposal.is_repair or not self.rows else hold_for(
+                proposal.config, [(r.number, r.config) for r in self.ranked_stable_rows()],
+                memory=self.plan.objective.ranks_by_memory, emulated=self.held.emulated,
+                finalists=self.plan.finalists, final=final)
+            if hold is None:
+                return proposal, final
+            self.held.hold(proposal, hold)
+            if hold.kind is not HoldKind.DEFERRED:
+                self.proposer.not_trained(proposal, self.held.reason(hold))
 
     def _may_propose(self) -> bool:
         """Within the trial budget; under --exhaustive a repair may always run (it is an
@@ -249,6 +280,8 @@ class Scheduler:
                        self.judge(result, proposal.config),
                        optuna_number=trial.number if trial is not None else None,
                        repair=proposal.is_repair)
+        if not self.rows and row.judgement.stable:
+            self.plan = self.plan.time_bounded(result.train_s)
         if not self.rows and not row.judgement.stable:
             self.proposer.fail(proposal)
             self.records.trial_finished(row, row.judgement.median_step_ms)

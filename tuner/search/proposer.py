@@ -68,6 +68,7 @@ class Proposer:
         self._space_keys: set[str] = set()          # configs of the space proposed or done
         self._number_of: dict[str, int] = {}        # key -> tuner trial number that ran it
         self._repeats: dict[str, list] = {}         # key -> Optuna trials waiting on it
+        self._not_trained: dict[str, str] = {}      # key -> why (tuner.judging.worth_training)
         self._repeated_asks = 0
         self.gave_up = False                        # the sampler only repeated itself
 
@@ -126,7 +127,7 @@ class Proposer:
             trial = self.study.ask()
             config = self.space.suggest(trial)
             key = self.key(config)
-            if key in self._number_of or key in pending:
+            if key in self._number_of or key in pending or key in self._not_trained:
                 self._repeat(trial, key)
                 continue
             self._space_keys.add(key)
@@ -139,6 +140,8 @@ class Proposer:
         self.gave_up = self._repeated_asks > _MAX_REPEATED_ASKS
         if key in self._number_of:
             self._tell_repeat(trial, self._number_of[key])
+        elif key in self._not_trained:
+            self._tell_not_trained(trial, self._not_trained[key])
         else:
             self._repeats.setdefault(key, []).append(trial)
 
@@ -146,6 +149,19 @@ class Proposer:
         from optuna.trial import TrialState
 
         trial.set_user_attr("repeat_of", number)
+        self.study.tell(trial, state=TrialState.PRUNED)
+
+    def not_trained(self, proposal: Proposal, why: str) -> None:
+        """The proposal is not worth training (tuner.judging.worth_training): Optuna is told
+        PRUNED with the user attribute ``not_trained``, and a repeat of it is not proposed."""
+        self._not_trained[proposal.key] = why
+        if proposal.optuna_trial is not None:
+            self._tell_not_trained(proposal.optuna_trial, why)
+
+    def _tell_not_trained(self, trial, why: str) -> None:
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("not_trained", why)
         self.study.tell(trial, state=TrialState.PRUNED)
 
     # -- results -----------------------------------------------------------------------------

@@ -186,8 +186,9 @@ def step_losses(logs: dict, result: TrialResult) -> float:
 
 def _should_stop(result: TrialResult, spec: TrialSpec, sizing: Sizing | None, step: int,
                  loss: float, elapsed_ms: float) -> bool:
-    """After a recorded step: stop on a non-finite loss, when clearly too slow, or once a sized
-    run has measured enough (each says so in ``result``)."""
+    """After a recorded step: stop on a non-finite loss, when clearly too slow, once a sized
+    run has measured enough, or once a time-bounded run has trained its time (each says so in
+    ``result``)."""
     if not math.isfinite(loss):
         result.first_non_finite_step = step
         result.outcome = TrialOutcome.DIVERGED
@@ -201,7 +202,17 @@ def _should_stop(result: TrialResult, spec: TrialSpec, sizing: Sizing | None, st
         result.sized_by = enough(result.losses, result.step_times_ms, spec.warmup_steps,
                                  sizing)
         return bool(result.sized_by)
-    return False
+    return time_bound_reached(result, spec)
+
+
+def time_bound_reached(result: TrialResult, spec: TrialSpec) -> bool:
+    """Whether a time-bounded run has trained its time (and its fewest steps) before its step
+    count: then ``result`` says so (``time_bounded_s``) and the run stops."""
+    if spec.time_bound_s is None or result.train_s < spec.time_bound_s \
+            or not spec.time_bound_min_steps <= len(result.losses) < spec.steps:
+        return False
+    result.time_bounded_s = spec.time_bound_s
+    return True
 
 
 def too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms: float) -> str:
