@@ -109,6 +109,10 @@ def test_under_memory_no_float16_trial_runs_where_bfloat16_is_stable(tmp_path):
     held = [p for p, h in scheduler.held.held if h.kind is HoldKind.EMULATED]
     assert held and all(p.config.compute_dtype == "float16" for p in held)
     assert all(p.config.describe() in emulated[0] for p in held[:3])
+    # Optuna's study shows them as not trained, with the reason.
+    told = [t for t in scheduler.proposer.study.trials if "not_trained" in t.user_attrs]
+    assert len(told) >= len(held)
+    assert told and all("emulates" in t.user_attrs["not_trained"] for t in told)
     outcome = winner_of(scheduler)
     assert outcome.winner.config.policy == "bfloat16"
 
