@@ -6,6 +6,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The device's ceiling figures are kept per machine (tuner.worker.ceiling_cache): the suite
+# keeps its own, fresh for each run, never the developer's.
+if "PRECISION_TUNER_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["PRECISION_TUNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="precision-tuner-cache-")
 
 TASKS = Path(__file__).parent / "tasks"
 ROOT = Path(__file__).parent.parent

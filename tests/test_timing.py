@@ -113,9 +113,11 @@ def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(t
     assert "mixed_float16" in kept.space.policies and notes == []
 
 
-def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(monkeypatch):
+def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(monkeypatch,
+                                                                            tmp_path):
     from tuner.worker import ceiling
 
+    monkeypatch.setenv("PRECISION_TUNER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ceiling, "_measured", {})
     assert ceiling.prime() > 0.0                   # as a warm worker does at service start
     figures = ceiling.measure_ceiling()
@@ -124,8 +126,22 @@ def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(mon
     assert describe_ceiling(figures).endswith(
         f" (the device's figures as this warm worker measured them before this job, "
         f"at {taken})")
+    # A later process on the machine (a new worker, the next tune) reads them from its cache.
     monkeypatch.setattr(ceiling, "_measured", {})
-    assert "reused" not in ceiling.measure_ceiling()   # a worker's first probe times them
+    kept = ceiling.measure_ceiling()
+    assert kept["reused"] is True and kept["ms"] == figures["ms"]
+    assert kept["kept_in"] == str(tmp_path / "ceiling.json")
+    assert describe_ceiling(kept).endswith(
+        f" (the device's figures as measured on this machine at {taken}, kept in "
+        f"{tmp_path / 'ceiling.json'}: delete it to measure them again)")
+    # Without the file, or asked for fresh figures (benchmarks/ceiling.py), it times them.
+    assert "reused" not in ceiling.measure_ceiling(fresh=True)
+    (tmp_path / "ceiling.json").unlink()
+    monkeypatch.setattr(ceiling, "_measured", {})
+    assert "reused" not in ceiling.measure_ceiling()   # a machine's first probe times them
+    (tmp_path / "ceiling.json").write_text("{not json")
+    monkeypatch.setattr(ceiling, "_measured", {})
+    assert "reused" not in ceiling.measure_ceiling()   # an unreadable file is measured over
 
 
 def test_the_probe_times_its_dtypes_in_turns_and_an_emulated_one_leaves_early(monkeypatch):

@@ -56,7 +56,11 @@ def describe_ceiling(ceiling: dict[str, Any]) -> str:
     slow = [dtype for dtype, speed in ceiling["speed"].items() if speed < CANNOT_WIN_BELOW]
     if slow:
         text += f"; {' and '.join(slow)} cannot beat float32 on this device"
-    if ceiling.get("reused"):
+    if ceiling.get("kept_in"):
+        text += (f" (the device's figures as measured on this machine at "
+                 f"{ceiling.get('measured_at', '?')}, kept in {ceiling['kept_in']}: delete it "
+                 "to measure them again)")
+    elif ceiling.get("reused"):
         text += (" (the device's figures as this warm worker measured them before this job"
                  + (f", at {ceiling['measured_at']})" if ceiling.get("measured_at") else ")"))
     return text

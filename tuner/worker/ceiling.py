@@ -34,6 +34,8 @@ import math
 import statistics
 import time
 
+from tuner.worker import ceiling_cache
+
 SIZE = 256                 # a layer big enough to reach the matrix units, small enough to
 _BATCH = 64                # take milliseconds even where a dtype is emulated
 PEAK_SIZE = 1024           # width and batch of the peak figure's layer
@@ -114,13 +116,14 @@ def _speeds(device: str, dtypes, batch: int, width_in: int, width_out: int,
     return {dtype: ms["float32"] / value for dtype, value in ms.items()}
 
 
-def measure_ceiling(model_layer: dict | None = None) -> dict:
+def measure_ceiling(model_layer: dict | None = None, *, fresh: bool = False) -> dict:
     """``{"device", "size", "ms": {dtype: ms per step}, "speed": {dtype: float32_ms / ms},
     "peak": {"size", "speed"}, "model": {"layer", "shape": [batch, in, out], "speed"}}``;
     ``model_layer``: ``{"layer", "shape"}`` of the model's largest kernel (``largest_kernel``),
-    or None (no "model" figure)."""
+    or None (no "model" figure); ``fresh``: time the device's figures even where this process
+    or the machine's cache (tuner.worker.ceiling_cache) holds them."""
     device = _device()
-    ceiling = dict(_device_figures(device))
+    ceiling = dict(_device_figures(device, fresh))
     native = ["float32"] + [d for d in DTYPES
                             if d != "float32" and ceiling["speed"][d] >= EMULATED_BELOW]
     if model_layer is not None:
@@ -143,20 +146,27 @@ def prime() -> float:
     return time.perf_counter() - started
 
 
-def _device_figures(device: str) -> dict:
-    """The device's own figures (the 256-wide step and the peak), timed once per worker
-    process: a warm worker of the service (tuner.execution.warm_pool) serves job after job on
-    the same device, and a later job reads them as ``"reused": True`` (with ``measured_at``,
-    the time they were taken)."""
-    if device in _measured:
+def _device_figures(device: str, fresh: bool = False) -> dict:
+    """The device's own figures (the 256-wide step and the peak), timed once per machine: a
+    warm worker of the service (tuner.execution.warm_pool) serves job after job on the same
+    device, and a later job reads them as ``"reused": True`` (with ``measured_at``, when they
+    were taken); a later tune on the machine reads them from its cache
+    (tuner.worker.ceiling_cache), with ``kept_in`` too."""
+    if device in _measured and not fresh:
         return {**_measured[device], "reused": True}
+    key = ceiling_cache.machine_key(device)
+    kept = None if fresh else ceiling_cache.read(key)
+    if kept is not None:
+        _measured[device] = kept
+        return {**kept, "reused": True, "kept_in": str(ceiling_cache.cache_path())}
     ms = _time_steps(device, DTYPES)
     speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
     native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
     _measured[device] = {"device": device, "size": SIZE, "ms": ms, "speed": speed,
-                         "measured_at": time.strftime("%H:%M:%S"),
+                         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                          "peak": {"size": PEAK_SIZE, "speed": _speeds(device, native, PEAK_SIZE,
                                                                       PEAK_SIZE, PEAK_SIZE)}}
+    ceiling_cache.write(key, _measured[device])
     return _measured[device]
 
 
