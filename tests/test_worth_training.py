@@ -167,3 +167,33 @@ def test_a_trial_far_slower_than_float32_trains_for_its_time_bound_and_says_so(t
     lines = stopped_lines(scheduler.rows, plan.steps)
     assert len(lines) == 1 and lines[0].startswith("time-bounded: #")
     assert f"(not {plan.steps})" in lines[0]
+
+
+def test_a_time_bounded_trial_is_compared_with_float32s_first_as_many_steps():
+    """float32 learns over 40 steps; a bounded trial that took 10 is held to float32's first
+    10 (not to where float32 ended), and one that learned nothing there is unstable, saying
+    on how many steps."""
+    from tuner.judging.verdict import judge
+
+    rules = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9,
+                 expected_steps=40)
+    baseline = TrialResult(number=0, outcome=TrialOutcome.COMPLETED,
+                           losses=[2.0 * 0.95**i for i in range(40)], step_times_ms=[1.0] * 40,
+                           loss_scales=[None] * 40, warmup_steps=3,
+                           validation={"loss": 0.1, "batch_losses": [0.1] * 8})
+
+    def bounded(losses):
+        return TrialResult(number=1, outcome=TrialOutcome.COMPLETED, losses=losses,
+                           step_times_ms=[100.0] * len(losses), loss_scales=[None] * len(losses),
+                           warmup_steps=3, time_bounded_s=2.0,
+                           validation={"loss": 1.5, "batch_losses": [1.5] * 8})
+
+    kept_pace = judge(bounded(baseline.losses[:10]), baseline, **rules)
+    assert kept_pace.stable and kept_pace.judged_steps == 10   # its validation not compared
+    stalled = judge(bounded([2.0] * 10), baseline, **rules)
+    assert not stalled.stable and stalled.judged_steps == 10
+    assert "judged on its first 10 steps against float32's first 10" in stalled.reason
+    # Judged on the full count, the same losses fall short of float32's 40 steps.
+    unbounded = dataclasses.replace(bounded(baseline.losses[:10]), time_bounded_s=None,
+                                    validation=baseline.validation)
+    assert "of float32's loss decrease" in judge(unbounded, baseline, **rules).reason

@@ -159,12 +159,12 @@ def _judge_bounded(result: TrialResult, baseline: TrialResult, **rules) -> Judge
                                 for name, values in baseline.loss_terms.items()})
     judgement = judge(replace(result, time_bounded_s=None), first, expected_steps=steps,
                       **rules)
+    if judgement.stable:   # the table and the summary say on how many steps
+        return replace(judgement, judged_steps=steps)
     why = (f"judged on its first {steps} steps against float32's first {steps}: it trained "
            f"for its time bound ({result.time_bounded_s:.3g} s) instead of "
            f"{len(baseline.losses)} steps; validation not compared")
-    if not judgement.stable:
-        return replace(judgement, reason=f"{judgement.reason} ({why})", judged_steps=steps)
-    return replace(judgement, judged_steps=steps, note=judgement.note)
+    return replace(judgement, reason=f"{judgement.reason} ({why})", judged_steps=steps)
 
 
 def any_collapse(result: TrialResult, floor: float) -> str:
