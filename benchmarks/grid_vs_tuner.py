@@ -51,7 +51,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_b
 
 # -- the machine -----------------------------------------------------------------------------
 def machine() -> dict:
-    from tuner.run.closing import machine_description
+    from tuner.machine import machine_description
 
     info = {"cpu": machine_description(), "cpu_flags": [],
             "cores": os.cpu_count(), "python": platform.python_version(), "gpu": None}

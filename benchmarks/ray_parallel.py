@@ -98,7 +98,7 @@ def main() -> None:
               "study_wall_s_1_worker": round(one, 1), "study_wall_s_2_workers": round(two, 1),
               "wall_2_workers_vs_1": round(two / one, 3),
               **overheads_and_interference(task, args.steps)}
-    from tuner.run.closing import machine_description
+    from tuner.machine import machine_description
 
     report["machine"] = machine_description()
     out = ROOT / "benchmarks" / "results" / "ray_parallel.json"

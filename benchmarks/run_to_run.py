@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tuner.run.closing import machine_description  # noqa: E402 - the repository's own
+from tuner.machine import machine_description  # noqa: E402 - the repository's own
 
 RESULTS = ROOT / "benchmarks" / "results" / "run_to_run.json"
 Z95 = 1.96

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
 from tuner.apply.config import PrecisionConfig
+from tuner.machine import machine_description
 from tuner.run.held import stopped_lines
 from tuner.run.loss_scale_why import loss_scale_why
 from tuner.run.plan import RunPlan
@@ -23,19 +23,6 @@ from tuner.execution.base import Executor
 from tuner.execution.local import fresh_process_peak_rss
 from tuner.records.plots import make_all
 from tuner.records.report import summary_markdown
-
-
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu} ({platform.system()} {platform.machine()})"
 
 
 def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,

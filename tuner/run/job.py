@@ -23,8 +23,9 @@ from tuner.search.study_versions import continue_study, fits
 from tuner.run.by_objective import winner_of
 from tuner.records.results import Progress, TuneSummary
 from tuner.records.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
+from tuner.machine import machine_description
 from tuner.run.closing import (close_records, fresh_rss_line, node_losses,
-                               machine_description, record_exclusive_phases, summary_of)
+                               record_exclusive_phases, summary_of)
 from tuner.run.trial_records import TrialRecorder, flush_quietly
 from tuner.run.trial_loop import Scheduler
 from tuner.records.timing import TimeBreakdown

@@ -19,6 +19,8 @@ import os
 import time
 from pathlib import Path
 
+from tuner.machine import cpu_model
+
 MAX_AGE_S = 7 * 24 * 3600.0
 
 
@@ -40,22 +42,9 @@ def machine_key(device: str) -> str:
         gpus = tf.config.list_physical_devices("GPU")
         details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
         name = f"{device} {details.get('device_name', '')}".strip()
-    return " | ".join([name, _cpu_model(), f"tensorflow {tf.__version__}",
+    return " | ".join([name, cpu_model(), f"tensorflow {tf.__version__}",
                        f"threads {tf.config.threading.get_intra_op_parallelism_threads()}"
                        f"/{os.cpu_count()}"])
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def read(key: str) -> dict | None:
