@@ -131,6 +131,7 @@ def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(mon
     kept = ceiling.measure_ceiling()
     assert kept["reused"] is True and kept["ms"] == figures["ms"]
     assert kept["kept_in"] == str(tmp_path / "ceiling.json")
+    assert ceiling.measure_ceiling()["kept_in"] == kept["kept_in"]   # and says so again later
     assert describe_ceiling(kept).endswith(
         f" (the device's figures as measured on this machine at {taken}, kept in "
         f"{tmp_path / 'ceiling.json'}: delete it to measure them again)")

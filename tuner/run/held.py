@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.judging.decision import complexity
+from tuner.judging.verdict import Verdict
 from tuner.judging.worth_training import Hold, HoldKind, fast_twin, width_name
 from tuner.run.plan import SLOW_TRIAL_BOUND
 
@@ -110,12 +111,12 @@ def stopped_lines(rows, steps: int) -> list[str]:
                      f"{bounded[0].result.time_bounded_s:.3g} s, {SLOW_TRIAL_BOUND:g}x float32's "
                      f"training, so it was judged on its first {span} steps (not {steps}) "
                      "against float32's first as many")
-    stopped = [r for r in rows if r.judgement.verdict.value == "stopped_slow"]
-    if not stopped:
-        return lines
-    return lines + [f"stopped early as too slow to win: {_numbered(stopped)}: each was clearly slower "
-            "than the bar it had to beat (the early-stop limit, its own line in the table); "
-            "its stability is unknown, and it was not needed"]
+    stopped = [r for r in rows if r.judgement.verdict is Verdict.STOPPED_SLOW]
+    if stopped:
+        lines.append(f"stopped early as too slow to win: {_numbered(stopped)}: each was clearly "
+                     "slower than the bar it had to beat (the early-stop limit, its own line in "
+                     "the table); its stability is unknown, and it was not needed")
+    return lines
 
 
 def _numbered(rows) -> str:

@@ -163,15 +163,17 @@ class RunPlan:
         """The plan without the policies whose compute dtype the device's ceiling says cannot
         beat float32 (``tuner.worker.ceiling``), one line each; a resumed run leaves out what
         it left out before. Only under the speed objective; ``keep_slow_policies`` keeps them
-        all."""
+        all. The slow dtypes are also the plan's ``emulated`` ones, whose configs under memory
+        wait for the fast dtype's (tuner.judging.worth_training)."""
+        slow = {} if self.keep_slow_policies or not ceiling else {
+            dtype: speed for dtype, speed in ceiling["speed"].items()
+            if dtype != "float32" and speed < CANNOT_WIN_BELOW}
         if self.skipped_policies is not None:
             skipped, notes = self.skipped_policies, []
-        elif self.keep_slow_policies or not ceiling or not self.objective.skips_slow_policies:
+        elif not slow or not self.objective.skips_slow_policies:
             # Under memory or balanced a slow 16-bit policy may still be the pick by its memory.
             skipped, notes = (), []
         else:
-            slow = {dtype: speed for dtype, speed in ceiling["speed"].items()
-                    if speed < CANNOT_WIN_BELOW}
             skipped = tuple(p for p in self.space.policies if p != "float32"
                             and compute_dtype_of(p) in slow)
             notes = [f"skipping {', '.join(p for p in skipped if compute_dtype_of(p) == dtype)}: "
@@ -183,11 +185,8 @@ class RunPlan:
         space = dataclasses.replace(self.space, policies=tuple(
             p for p in self.space.policies if p not in skipped))
         trials = space.size() if self.exhaustive else self.trials
-        emulated = {} if self.keep_slow_policies or not ceiling else {
-            dtype: speed for dtype, speed in ceiling["speed"].items()
-            if dtype != "float32" and speed < CANNOT_WIN_BELOW}
         return dataclasses.replace(self, space=space, trials=trials,
-                                   skipped_policies=tuple(skipped), emulated=emulated,
+                                   skipped_policies=tuple(skipped), emulated=slow,
                                    ceiling_device=(ceiling or {}).get("device", "")), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":

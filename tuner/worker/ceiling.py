@@ -156,9 +156,9 @@ def _device_figures(device: str, fresh: bool = False) -> dict:
         return {**_measured[device], "reused": True}
     key = ceiling_cache.machine_key(device)
     kept = None if fresh else ceiling_cache.read(key)
-    if kept is not None:
-        _measured[device] = kept
-        return {**kept, "reused": True, "kept_in": str(ceiling_cache.cache_path())}
+    if kept is not None:   # later asks in this process say where they came from, too
+        _measured[device] = {**kept, "kept_in": str(ceiling_cache.cache_path())}
+        return {**_measured[device], "reused": True}
     ms = _time_steps(device, DTYPES)
     speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
     native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
