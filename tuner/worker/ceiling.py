@@ -142,7 +142,8 @@ def prime() -> float:
     worker do this once at start, one worker at a time, so that no job's first trial waits on
     the probe. Seconds spent."""
     started = time.perf_counter()
-    _device_figures(_device())
+    # Timed, not read from the machine's cache: the pool's line says each worker timed them.
+    _device_figures(_device(), fresh=True)
     return time.perf_counter() - started
 
 
