@@ -18,21 +18,22 @@ if TYPE_CHECKING:
     from tuner.records.results import TuneSummary
 
 
-def _pyplot():
-    import matplotlib
+def _figure(figsize: tuple[float, float], rows: int | None = None):
+    """A figure and its axes (with ``rows``: a column of that many panels, as a 2-D array),
+    outside pyplot: no backend is chosen and no global state is touched, so a notebook that
+    calls tuner.tune() keeps its own backend (``matplotlib.use("Agg")`` here had switched it),
+    and pyplot's import (half a second on a laptop CPU) is not paid."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # no display: render to files only
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=figsize)
+    return figure, figure.subplots() if rows is None else figure.subplots(rows, 1, squeeze=False)
 
 
 def speed_vs_stability(summary: "TuneSummary", path: Path) -> Path | None:
-    plt = _pyplot()
     points = [r for r in summary.rows if r.judgement.median_step_ms]
     if not points:
         return None
-    figure, axes = plt.subplots(figsize=(8, 5))
+    figure, axes = _figure((8, 5))
     for row in points:
         ratio = row.judgement.loss_decrease_ratio
         stable = row.judgement.stable
@@ -52,7 +53,7 @@ def speed_vs_stability(summary: "TuneSummary", path: Path) -> Path | None:
     axes.scatter([], [], marker="x", color="tab:red", label="rejected (ratio 0 = not measured)")
     axes.set_xlabel("median step time after warm-up (ms) — lower is faster")
     axes.set_ylabel("share of float32's loss decrease")
-    axes.set_title("speed vs stability, every trial (search-phase medians; the pick was "
+    axes.set_title("speed vs stability, every trial\n(search-phase medians; the pick was "
                    "chosen on back-to-back re-measurements)", fontsize=10)
     axes.legend(fontsize=8, loc="best")
     return _save(figure, path)
@@ -66,8 +67,7 @@ def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
               and r.result.training_memory]
     if len(points) < 2:
         return None
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(8, 5))
+    figure, axes = _figure((8, 5))
     for point in points:
         axes.scatter(point.step_ms, point.memory_bytes / 1e6, s=50, color="tab:blue")
         axes.annotate(f"#{point.number}", (point.step_ms, point.memory_bytes / 1e6), fontsize=8,
@@ -91,10 +91,9 @@ def speed_vs_memory(summary: "TuneSummary", path: Path) -> Path | None:
 def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
     """The baseline's, the pick's and the rejected trials' training losses; one panel per loss
     where the model returns several (a GAN's d_loss and g_loss, each judged on its own)."""
-    plt = _pyplot()
     base = summary.baseline.result.loss_terms if summary.baseline else {}
     names = list(base) or [None]
-    figure, panels = plt.subplots(len(names), 1, figsize=(8, 3 + 2 * len(names)), squeeze=False)
+    figure, panels = _figure((8, 3 + 2 * len(names)), rows=len(names))
     shown = 0
     for name, axes in zip(names, panels[:, 0]):
         for row in summary.rows:
@@ -113,7 +112,6 @@ def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
             axes.set_ylabel(name)
             axes.legend(fontsize=7, loc="best")
     if not shown:
-        plt.close(figure)
         return None
     panels[-1, 0].set_xlabel("training step")
     return _finish(figure, panels[0, 0], path, "training step" if len(names) == 1 else "",
@@ -122,7 +120,6 @@ def loss_curves(summary: "TuneSummary", path: Path) -> Path | None:
 
 def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
     """Each float16 trial's loss scale by step; each optimizer's where it has several."""
-    plt = _pyplot()
     lines = [(f"#{row.number} {row.config.describe()}" + (f" · {name}" if name else ""), scales)
              for row in summary.rows
              for name, scales in ([(o["name"], o["loss_scales"]) for o in row.result.optimizers]
@@ -130,7 +127,7 @@ def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
              if any(s is not None for s in scales)]
     if not lines:
         return None
-    figure, axes = plt.subplots(figsize=(8, 4))
+    figure, axes = _figure((8, 4))
     for label, scales in lines:
         axes.plot(range(len(scales)), [s if s is not None else float("nan") for s in scales],
                   label=label)
@@ -143,8 +140,7 @@ def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
     """Validation loss by steps trained: float32 and each confirmed config (tuner.run.confirm)."""
     if not summary.confirmations:
         return None
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(8, 4.5))
+    figure, axes = _figure((8, 4.5))
     shown_float32 = False
     for item in summary.confirmations:
         steps = [point.step for point in item.checkpoints]
@@ -159,14 +155,12 @@ def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
                   "s--" if not item.passed else "s-",
                   label=f"#{item.trial} {item.config} ({verdict})")
     if not shown_float32:
-        plt.close(figure)
         return None
     return _finish(figure, axes, path, "steps trained in all", "validation loss",
                    "confirmation: validation loss over a longer training")
 
 
 def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
-    plt = _pyplot()
     layers = diagnostics.get("layers") or []
     if not layers:
         return None
@@ -178,7 +172,7 @@ def diagnostics_heatmap(diagnostics: dict[str, Any], path: Path) -> Path | None:
                ("weight_gradient", "underflow_fraction", "w-grad <f16 min")]
     values = [[(layer.get(part) or {}).get(key, 0.0) for part, key, _ in columns]
               for layer in layers]
-    figure, axes = plt.subplots(figsize=(8, max(3, 0.3 * len(layers) + 1.5)))
+    figure, axes = _figure((8, max(3, 0.3 * len(layers) + 1.5)))
     image = axes.imshow(values, aspect="auto", cmap="Reds", vmin=0, vmax=1)
     axes.set_xticks(range(len(columns)), [label for _, _, label in columns], rotation=20,
                     fontsize=8)
@@ -198,11 +192,8 @@ def _finish(figure, axes, path: Path, xlabel: str, ylabel: str, title: str) -> P
 
 
 def _save(figure, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    figure.savefig(path, dpi=110)   # a PNG through matplotlib's Agg canvas, pyplot unused
     return path
 
 
