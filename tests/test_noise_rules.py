@@ -186,6 +186,14 @@ def test_warmup_steps_and_single_hiccups_never_stop_a_trial():
     assert early([500.0] + [9.0] * 8 + [200.0], limit=10.0) == ""     # one hiccup after it
 
 
+def test_a_stall_of_a_few_steps_does_not_stop_a_run_that_was_fast_before_it():
+    # The machine busy for a moment: three steps at 5x, 20x and 50x the limit after eight
+    # within it. The same steps from a run slow throughout stop it.
+    for stall in ([50.0] * 3, [500.0, 200.0, 50.0], [40.0] * 5):
+        assert early([500.0] * 5 + [9.0] * 8 + stall, limit=10.0) == ""
+    assert "all took over 3x" in early([500.0] * 5 + [45.0] * 5 + [50.0] * 3, limit=10.0)
+
+
 def test_hopeless_and_clearly_slow_trials_stop():
     assert "all took over 3x" in early([500.0] * 5 + [40.0] * 3, limit=10.0)
     slow = [500.0] * 5 + [13.0] * 12
