@@ -85,6 +85,25 @@ def _diverged(config, spec, exclusive):
                        first_non_finite_step=1, warmup_steps=spec.warmup_steps)
 
 
+class CountingProgress:
+    """The progress display's calls: trials added beyond the budget, and phase lines."""
+
+    def __init__(self) -> None:
+        self.added, self.phases = 0, []
+
+    def trial_started(self, number, description) -> None:
+        pass
+
+    def trial_finished(self, row, best, speedup) -> None:
+        pass
+
+    def phase(self, text) -> None:
+        self.phases.append(text)
+
+    def more(self, count) -> None:
+        self.added += count
+
+
 def _memory_tune(tmp_path, fail=lambda config, spec, exclusive: None):
     machine = Machine(step_ms=lambda c: STEP_MS[c.policy], seed=1, fail=fail,
                       memory=lambda c: MEMORY[c.policy])
@@ -92,6 +111,7 @@ def _memory_tune(tmp_path, fail=lambda config, spec, exclusive: None):
     scheduler = scheduler_for(space_file(tmp_path, SPACE), executor, tmp_path, trials=12,
                               objective="memory", emulated=SLOW_F16)
     scheduler.plan = dataclasses.replace(scheduler.plan, confirm=ConfirmBudget(enabled=False))
+    scheduler.progress = CountingProgress()
     scheduler.run()
     return scheduler, executor
 
@@ -128,6 +148,11 @@ def test_where_bfloat16_finds_nothing_pure_float16_is_tried_after_it(tmp_path):
     assert "bfloat16" in policies[:first_float16]   # ... after bfloat16 had its turn
     lines = scheduler.held.lines()
     assert any(line.startswith("float16 tried after bfloat16 (#") for line in lines), lines
+    # The progress bar's total grows by the trainings the search had deferred.
+    progress = scheduler.progress
+    trained_after = len(scheduler.held.trained_after)
+    assert trained_after and progress.added == trained_after
+    assert any(text.startswith("search over: ") for text in progress.phases)
     outcome = winner_of(scheduler)
     assert outcome.winner.config.policy == "float16"
 

@@ -17,6 +17,7 @@ class LiveProgress:
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("{task.description}"),
                                  console=console, transient=True)
+        self.total = total
         self.task = self.progress.add_task("starting", total=total, completed=completed)
         self.best = "best: -"
 
@@ -42,6 +43,10 @@ class LiveProgress:
     def phase(self, text: str) -> None:
         self.progress.update(self.task, description=f"{self.best} · {text}")
         self.console.print(f"  {text}")
+
+    def more(self, count: int) -> None:
+        self.total += count
+        self.progress.update(self.task, total=self.total)
 
 
 class NotebookProgress:
@@ -84,6 +89,10 @@ class NotebookProgress:
     def phase(self, text: str) -> None:
         self.description = f"{self.best} · {text}"
         self.console.print(f"  {text}", markup=False)
+        self._show()
+
+    def more(self, count: int) -> None:
+        self.total += count
         self._show()
 
 

@@ -80,6 +80,7 @@ class Progress(Protocol):
     def trial_started(self, number: int, description: str) -> None: ...
     def trial_finished(self, row: TrialRow, best: TrialRow | None, speedup: float | None) -> None: ...
     def phase(self, text: str) -> None: ...
+    def more(self, count: int) -> None: ...   # trials beyond the budget the bar started with
 
 
 class NoProgress:
@@ -90,6 +91,9 @@ class NoProgress:
         pass
 
     def phase(self, text: str) -> None:
+        pass
+
+    def more(self, count: int) -> None:
         pass
 
 

@@ -51,6 +51,12 @@ class HeldConfigs:
         self.deferred = []
         return True
 
+    def released_line(self) -> str:
+        """What the progress display says when the deferred proposals come back."""
+        return (f"search over: {len(self.released)} deferred config(s) of an emulated dtype "
+                "come back, each trained only where the fast dtype found nothing stable of its "
+                "widths")
+
     def next_released(self):
         return self.released.pop(0) if self.released else None
 

@@ -182,8 +182,9 @@ class Scheduler:
                 proposal, released = self._next_proposal()
                 if proposal is None:
                     break
-                if released:
+                if released:   # beyond the budget the progress bar started with
                     self.held.trained_after.append((number, proposal.config.compute_dtype))
+                    self.progress.more(1)
                 if not self.rows and not self.pending and proposal.config.policy != "float32":
                     raise TunerError("internal error: the first trial must be the float32 "
                                      "baseline")
@@ -191,6 +192,7 @@ class Scheduler:
                 number += 1
             if not self.pending:
                 if self.held.release():
+                    self.progress.phase(self.held.released_line())
                     continue
                 return self.proposer.exhausted and self._budget_used < self.plan.trials
             for result in self.executor.wait_any():
