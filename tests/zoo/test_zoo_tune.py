@@ -34,11 +34,14 @@ EXPECTED_FAILURES = {
     "custom_metric": ("dtype_mismatch", None),   # its metric subtracts 16-bit predictions
     "vae": ("dtype_mismatch", "sampling"),       # float32 noise added to a 16-bit mean
 }
-# Models whose short bf16 trial validates on either side of the allowance: guide_train_step's
-# was stable in most runs, and in one fresh-clone run of the whole suite it validated at
-# 0.0191 against float32's 0.0127 (1.5x; allowance 25%). Rejecting that is the verdict doing
-# its job, so the test asks for a verdict with its reason, not for a side.
-EITHER_SIDE_OF_VALIDATION = {"guide_train_step"}
+# Models whose short bf16 trial ends on either side of the quality rules' allowance:
+# guide_train_step's was stable in most runs; in one fresh-clone run of the whole suite it
+# validated at 0.0191 against float32's 0.0127 (1.5x; allowance 25%), and in another it ended
+# at a training loss of 0.00762 against float32's 0.002 (3.8x; noise +-0.0049), both models
+# near zero loss, where bfloat16's rounding shows. Rejecting that is the verdict doing its job,
+# so the test asks for a quality verdict against float32 with its reason, not for a side.
+EITHER_SIDE_OF_QUALITY = {"guide_train_step"}
+QUALITY_REASONS = ("validation loss ", "ended at a training loss ")
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +100,8 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
         assert trials[2]["verdict"] == "stable", trials[2]["reason"]
     else:
         assert len(trials) == 2
-        if name in EITHER_SIDE_OF_VALIDATION and trials[1]["verdict"] == "unstable":
-            assert trials[1]["reason"].startswith("validation loss "), trials[1]["reason"]
+        if name in EITHER_SIDE_OF_QUALITY and trials[1]["verdict"] == "unstable":
+            assert trials[1]["reason"].startswith(QUALITY_REASONS), trials[1]["reason"]
             assert "vs float32's" in trials[1]["reason"]
         else:
             assert trials[1]["verdict"] == "stable", trials[1]["reason"]
