@@ -19,7 +19,7 @@ from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 
 # Early stopping (see too_slow_reason): warm-up steps never count; after warm-up, a trial is
 # stopped when its last _HOPELESS_STEPS steps were all over _HOPELESS_FACTOR x the limit (float16
-# on a CPU without it runs 10-100x slower) and so were most of its timed steps, or when, over at
+# on a CPU without it runs 10-100x slower) and so was its median timed step, or when, over at
 # least _MIN_TIMED_STEPS_FOR_STOP (or half the timed budget), even its lower quartile is
 # _CLEAR_MARGIN beyond the limit. One hiccup cannot do either, nor can a stall of a few steps in
 # a run that was fast before it (the machine busy for a moment); a near-miss runs to the end and
@@ -224,12 +224,14 @@ def too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms:
     if limit is None or not timed:
         return ""
     recent = timed[-_HOPELESS_STEPS:]
-    if len(recent) == _HOPELESS_STEPS and min(recent) > _HOPELESS_FACTOR * limit \
-            and statistics.median(timed) > _HOPELESS_FACTOR * limit:
-        return (f"stopped at step {step}: the last {_HOPELESS_STEPS} steps all took over "
-                f"{_HOPELESS_FACTOR:g}x the limit of {limit:.1f} ms (fastest "
-                f"{min(recent):.1f} ms), as did most of its timed steps (median "
-                f"{statistics.median(timed):.1f} ms)")
+    hopeless = _HOPELESS_FACTOR * limit
+    if len(recent) == _HOPELESS_STEPS and min(recent) > hopeless:
+        median = statistics.median(timed)   # over it too: slow throughout, not a stall
+        if median > hopeless:
+            return (f"stopped at step {step}: the last {_HOPELESS_STEPS} steps all took over "
+                    f"{_HOPELESS_FACTOR:g}x the limit of {limit:.1f} ms (fastest "
+                    f"{min(recent):.1f} ms), and so did its median timed step "
+                    f"({median:.1f} ms)")
     needed = max(_MIN_TIMED_STEPS_FOR_STOP, (spec.steps - spec.warmup_steps) // 2)
     if len(timed) < needed:
         return ""
