@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import sys
 import warnings
 import weakref
 from typing import Any, Iterator
@@ -70,6 +71,7 @@ from typing import Any, Iterator
 import keras
 
 from tuner.apply.config_data import ConfigData
+from tuner.apply.dtype_origins import DtypeOrigin, SavedDtypes, policy_name
 from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
                                  layer_paths, matching_patterns, prospective_path,
                                  runs_a_graph, sublayers)
@@ -102,6 +104,7 @@ class Float32Placer:
         self._originals: dict[int, dict[int, tuple[Any, Any]]] = {}  # per subclassed model
         self._scope_open = True
         self._checked = False
+        self._origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
     def placing(self) -> bool:
@@ -124,10 +127,20 @@ class Float32Placer:
     def unmatched_patterns(self) -> list[str]:
         return [pattern for pattern, paths in self.report()["layers"].items() if not paths]
 
+    def origin_of(self, layer: keras.layers.Layer) -> DtypeOrigin:
+        """Where ``layer``'s dtype came from (tuner.apply.dtype_origins)."""
+        if layer in self._placed:
+            return DtypeOrigin.PLACEMENT
+        return self._origins.get(layer, DtypeOrigin.OUTSIDE)
+
     # -- what the scope's hooks call -------------------------------------------------------
-    def constructed(self, layer: keras.layers.Layer, dtype_given: bool) -> None:
-        if dtype_given and getattr(layer.dtype_policy, "name", None) != self.policy:
-            self._explicit.add(layer)  # the user (or a parent layer) chose this dtype
+    def constructed(self, layer: keras.layers.Layer, origin: DtypeOrigin) -> None:
+        self._origins[layer] = origin
+        if origin in (DtypeOrigin.CODE, DtypeOrigin.SAVED_KEPT) \
+                and getattr(layer.dtype_policy, "name", None) != self.policy:
+            self._explicit.add(layer)  # the user (a parent layer, a saved model) chose it
+        if not self.placing:
+            return
         self._constructed.append(weakref.ref(layer))
         self._wrap_build(layer)
         if self.outputs and isinstance(layer, keras.Model):
@@ -342,17 +355,38 @@ def _cast_outputs_to_float32(model: keras.Model) -> None:
     object.__setattr__(model, "call", call)
 
 
+def _dtype_origin(policy: str, saved: SavedDtypes, layer: keras.layers.Layer,
+                  kwargs: dict, caller: Any) -> DtypeOrigin:
+    """Where the ``dtype`` handed to ``layer``'s constructor comes from; a saved model's own
+    dtype is replaced by ``policy`` in ``kwargs`` (tuner.apply.dtype_origins)."""
+    given = kwargs.get("dtype")
+    if given is None or isinstance(layer, keras.layers.InputLayer):
+        return DtypeOrigin.POLICY
+    name = policy_name(given)
+    if name == policy:
+        return DtypeOrigin.POLICY
+    from_config, own = saved.config_dtype(layer, caller)
+    if not from_config:
+        return DtypeOrigin.CODE
+    if name is not None and name == own:
+        kwargs["dtype"] = policy
+        return DtypeOrigin.SAVED
+    return DtypeOrigin.SAVED_KEPT
+
+
 @contextlib.contextmanager
 def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
     previous_policy = keras.config.dtype_policy()
     previous_floatx = keras.config.floatx()
     previous_epsilon = keras.config.epsilon()
     placer = Float32Placer(cfg)
+    saved = SavedDtypes()
     original_init = keras.layers.Layer.__init__
 
     def init(self, *args, **kwargs):
+        origin = _dtype_origin(cfg.policy, saved, self, kwargs, sys._getframe(1))
         original_init(self, *args, **kwargs)
-        placer.constructed(self, dtype_given=kwargs.get("dtype") is not None)
+        placer.constructed(self, origin)
 
     try:
         # Pure 16-bit policies also need floatx, so that backend ops default to 16 bits.
@@ -361,14 +395,15 @@ def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
         keras.config.set_dtype_policy(cfg.policy)
         if cfg.epsilon.backend is not None:
             keras.config.set_epsilon(cfg.epsilon.backend)
-        if not placer.placing:
-            yield placer
-            return
+        # Every scope watches construction: a layer deserialised from a saved model takes the
+        # config's policy (tuner.apply.dtype_origins); placing also hooks every layer call.
         keras.layers.Layer.__init__ = init
-        with hook_layer_calls(around=placer.calling):
+        with hook_layer_calls(around=placer.calling) if placer.placing \
+                else contextlib.nullcontext():
             yield placer
         keras.layers.Layer.__init__ = original_init
-        placer.close()
+        if placer.placing:
+            placer.close()
     finally:
         keras.layers.Layer.__init__ = original_init
         keras.config.set_dtype_policy(previous_policy)
