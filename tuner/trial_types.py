@@ -30,6 +30,9 @@ class FailureClass(str, enum.Enum):
     NUMERIC_CHECK = "numeric_check"  # the model's own check_numerics found NaN or Inf
     OUT_OF_MEMORY = "out_of_memory"
     TASK_ERROR = "task_error"        # the user's task code raised (build_model, data, ...)
+    # The config's 16-bit dtype computes (almost) none of the model (tuner.apply.reach): the
+    # trial would measure float32, so it is not ranked as a 16-bit config.
+    PRECISION_UNREACHED = "precision_unreached"
     WORKER_CRASHED = "worker_crashed"
     TIMEOUT = "timeout"
     OTHER = "other"
@@ -121,6 +124,9 @@ class TrialResult:
     # Each loss the train_step returns, per step, where it returns more than ``loss`` alone
     # (a GAN's d_loss and g_loss); ``losses`` then holds ``loss``, or their sum.
     loss_terms: dict[str, list[float]] = field(default_factory=dict)
+    # How much of the model computed in the config's 16-bit dtype (tuner.apply.reach): the
+    # parameters by compute dtype, their share, the activations' share, the layers elsewhere.
+    precision_reach: dict[str, Any] | None = None
     # With more than one optimizer (compile_model): each one's ``name``, ``initial_loss_scale``,
     # ``loss_scales`` (after each step) and ``skipped`` steps.
     optimizers: list[dict[str, Any]] = field(default_factory=list)

@@ -1,8 +1,9 @@
 """``PrecisionConfig``: the artifact precision-tuner exports and users apply.
 
 Its data, checks and file format are ``tuner.apply.config_data``'s (re-exported here); this
-class adds the three calls that apply it to a user's training: ``scope()``
-(tuner.apply.scope), ``wrap_optimizer()`` (tuner.apply.loss_scaling) and ``guard()``
+class adds the calls that apply it to a user's training: ``scope()``
+(tuner.apply.scope), ``apply(model)`` for a model already in memory
+(tuner.apply.existing_model), ``wrap_optimizer()`` (tuner.apply.loss_scaling) and ``guard()``
 (tuner.apply.guard). Those modules take the config as ``ConfigData`` and never import this
 one; each is imported when its call is made, so ``from tuner import PrecisionConfig`` imports no
 TensorFlow. Its file on disk (JSON or YAML): ``tuner.apply.config_data``.
@@ -33,6 +34,18 @@ class PrecisionConfig(ConfigData):
         from tuner.apply.scope import precision_scope
 
         return precision_scope(self)
+
+    def apply(self, model):
+        """This config applied to a model that already exists (loaded or built before the
+        scope): every layer in the model's own dtype takes the config's policy, a layer kept in
+        another dtype keeps it, and the float32 placements apply. With float32 or a mixed
+        policy the model is changed in place and returned (a compiled one retraces on its
+        next fit); with a pure 16-bit policy it is rebuilt with 16-bit weights, the weights
+        copied over, and the new, uncompiled model is returned. Build or load inside
+        ``scope()`` where you can: that needs no copy."""
+        from tuner.apply.existing_model import apply_to_model
+
+        return apply_to_model(self, model)
 
     def wrap_optimizer(self, optimizer):
         """Apply loss scaling and the optimizer epsilon to a Keras optimizer."""

@@ -32,6 +32,7 @@ why (``tuner.apply.reach``).
 from __future__ import annotations
 
 import enum
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -62,6 +63,21 @@ class DtypeOrigin(str, enum.Enum):
             DtypeOrigin.PLACEMENT: "a float32 placement of the config",
             DtypeOrigin.OUTSIDE: f"built as {dtype} before the config's scope opened",
         }[self]
+
+
+# Every scope records here where each layer it saw constructed got its dtype, so that a reader
+# outside the scope (the guard, at the start of fit) can say why a layer is not 16-bit.
+_ORIGINS: "weakref.WeakKeyDictionary[Any, DtypeOrigin]" = weakref.WeakKeyDictionary()
+
+
+def record_origin(layer: Any, origin: DtypeOrigin) -> None:
+    _ORIGINS[layer] = origin
+
+
+def origin_of(layer: Any) -> DtypeOrigin:
+    """Where ``layer``'s dtype came from, as the last scope that touched it recorded; a layer
+    no scope saw was built outside every scope."""
+    return _ORIGINS.get(layer, DtypeOrigin.OUTSIDE)
 
 
 def policy_name(dtype: Any) -> str | None:

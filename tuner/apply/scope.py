@@ -71,7 +71,8 @@ from typing import Any, Iterator
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.dtype_origins import DtypeOrigin, SavedDtypes, policy_name
+from tuner.apply.dtype_origins import (DtypeOrigin, SavedDtypes, origin_of, policy_name,
+                                        record_origin)
 from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
                                  layer_paths, matching_patterns, prospective_path,
                                  runs_a_graph, sublayers)
@@ -104,7 +105,6 @@ class Float32Placer:
         self._originals: dict[int, dict[int, tuple[Any, Any]]] = {}  # per subclassed model
         self._scope_open = True
         self._checked = False
-        self._origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
     def placing(self) -> bool:
@@ -127,18 +127,20 @@ class Float32Placer:
     def unmatched_patterns(self) -> list[str]:
         return [pattern for pattern, paths in self.report()["layers"].items() if not paths]
 
-    def origin_of(self, layer: keras.layers.Layer) -> DtypeOrigin:
+    @staticmethod
+    def origin_of(layer: keras.layers.Layer) -> DtypeOrigin:
         """Where ``layer``'s dtype came from (tuner.apply.dtype_origins)."""
-        if layer in self._placed:
-            return DtypeOrigin.PLACEMENT
-        return self._origins.get(layer, DtypeOrigin.OUTSIDE)
+        return origin_of(layer)
 
     # -- what the scope's hooks call -------------------------------------------------------
-    def constructed(self, layer: keras.layers.Layer, origin: DtypeOrigin) -> None:
-        self._origins[layer] = origin
+    def note_origin(self, layer: keras.layers.Layer, origin: DtypeOrigin) -> None:
+        record_origin(layer, origin)
         if origin in (DtypeOrigin.CODE, DtypeOrigin.SAVED_KEPT) \
                 and getattr(layer.dtype_policy, "name", None) != self.policy:
             self._explicit.add(layer)  # the user (a parent layer, a saved model) chose it
+
+    def constructed(self, layer: keras.layers.Layer, origin: DtypeOrigin) -> None:
+        self.note_origin(layer, origin)
         if not self.placing:
             return
         self._constructed.append(weakref.ref(layer))
@@ -199,6 +201,17 @@ class Float32Placer:
             self._record_children(member)
         self.decide(layer, path)
 
+    def place_built_model(self, model: keras.Model) -> None:
+        """Decide every layer of ``model``, which is built and was not constructed in a scope
+        (``cfg.apply(model)``, tuner.apply.existing_model)."""
+        self._scope_open = False
+        self._checked = True
+        members = layer_paths(model)
+        for member in [model] + [layer for layer, _ in members]:
+            self._record_children(member)
+        for member, path in members:
+            self.decide(member, path)
+
     # -- deciding --------------------------------------------------------------------------
     def decide(self, layer: keras.layers.Layer, path: str | None) -> None:
         if isinstance(layer, keras.layers.InputLayer) or layer in self._explicit:
@@ -234,6 +247,7 @@ class Float32Placer:
                 continue
             if member.dtype_policy.name != _FLOAT32:
                 member.dtype_policy = keras.DTypePolicy(_FLOAT32)
+                record_origin(member, DtypeOrigin.PLACEMENT)
             self._placed.add(member)
 
     def _after_build(self, layer: keras.layers.Layer) -> None:

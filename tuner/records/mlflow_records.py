@@ -243,6 +243,13 @@ class Tracker:
             summary["training_memory_bytes"] = float(memory["total_bytes"])
             for part in ("weights", "gradients", "optimizer", "activations"):
                 summary[f"memory_{part}_bytes"] = float(sum(memory[part].values()))
+        reach = result.precision_reach or {}
+        summary["precision_reach_parameters"] = reach.get("parameter_share")
+        summary["precision_reach_activations"] = reach.get("activation_share")
+        if reach.get("elsewhere") and reach.get("dtype") != "float32":
+            self.client.set_tag(run_id, "layers_outside_16bit", ", ".join(
+                f"{entry['path']} ({entry['dtype']}, {entry['origin']})"
+                for entry in reach["elsewhere"])[:5000])
         self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
                           per_step=per_step, timestamp=now)
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")

@@ -17,7 +17,8 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def table_rows(summary: "TuneSummary") -> list[list[str]]:
     """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
-    training memory (tuner.worker.memory: state plus activations), reason. The speedup is the
+    training memory (tuner.worker.memory: state plus activations), the shares of parameters
+    and activations in the 16-bit dtype, reason. The speedup is the
     re-measured one with its interval where the trial was a finalist; otherwise the
     search-phase ratio (screening only, marked ~)."""
     base = summary.baseline.judgement.median_step_ms if summary.baseline else None
@@ -36,8 +37,18 @@ def table_rows(summary: "TuneSummary") -> list[list[str]]:
                      _fmt(row.judgement.loss_decrease_ratio, ".0%"),
                      _fmt(_validation_figure(row.result.validation or {}), ".4g"),
                      _fmt(memory["total_bytes"] / 1e6 if memory else None, ".3g"),
+                     reach_cell(row.result.precision_reach),
                      row.judgement.reason or _bounded(row)])
     return rows
+
+
+def reach_cell(reach: dict | None) -> str:
+    """The share of the parameters and of the activations that computed in the config's 16-bit
+    dtype (tuner.apply.reach): what the trial really trained; "-" for float32."""
+    if not reach or reach.get("dtype") == "float32":
+        return "-"
+    return (f"{_fmt(reach.get('parameter_share'), '.0%')}/"
+            f"{_fmt(reach.get('activation_share'), '.0%')}")
 
 
 def _bounded(row) -> str:
@@ -51,7 +62,7 @@ def _validation_figure(validation: dict) -> float | None:
 
 
 HEADERS = ["#", "config", "verdict", "median ms", "re-measured ms", "speedup", "loss decr.",
-           "val loss", "memory MB", "why"]
+           "val loss", "memory MB", "16-bit params/acts", "why"]
 
 
 def validation_line(summary: "TuneSummary") -> str | None:
@@ -171,7 +182,7 @@ def print_summary(summary: "TuneSummary", console) -> None:
         table.add_column(header, overflow="fold",
                          justify="right" if header in ("#", "median ms", "re-measured ms",
                                                        "speedup", "loss decr.", "val loss",
-                                                       "memory MB")
+                                                       "memory MB", "16-bit params/acts")
                          else "left")
     styles = {"stable": "green", "unstable": "red", "failed": "red", "stopped_slow": "yellow"}
     from rich.markup import escape

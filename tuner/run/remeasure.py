@@ -37,7 +37,7 @@ from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup
 from tuner.records.results import TrialRow
 from tuner.run.finalists import clearly_behind, finalists_of
 from tuner.run.trial_loop import Scheduler, make_spec
-from tuner.trial_types import TrialOutcome, TrialResult
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
 
 
 @dataclass
@@ -62,7 +62,10 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     dropped = unscaled + dropped
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        why = ("no stable config besides float32" if not dropped else
+        unreached = [row.result.failure_message for row in scheduler.rows
+                     if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
+        why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
+               else "no stable config besides float32" if not dropped else
                "every stable 16-bit config was left out or is clearly slower than float32"
                if unscaled else
                "every stable 16-bit config is clearly slower than float32")

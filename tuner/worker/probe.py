@@ -14,6 +14,7 @@ from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.trial import batch_size_of, reset_keras_state
 from tuner.worker.ceiling import largest_kernel, measure_ceiling
+from tuner.worker.model_files import model_file_failure
 from tuner.worker.task_model import compile_by_task, has_forward_pass, watch_step
 
 
@@ -82,7 +83,8 @@ def _probe_build(task, first_batch) -> tuple:
     try:
         model = task.build_model()
     except Exception as exc:
-        raise TaskError(f"build_model() in {task.path.name} raised {type(exc).__name__}: "
+        raise TaskError(model_file_failure(exc, task.path.name) or
+                        f"build_model() in {task.path.name} raised {type(exc).__name__}: "
                         f"{first_line(exc)}. Fix the task file.") from exc
     if not isinstance(model, keras.Model):
         raise TaskError(f"build_model() in {task.path.name} must return a keras.Model. "

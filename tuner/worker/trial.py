@@ -12,6 +12,7 @@ import socket
 import time
 
 from tuner.apply.config import PrecisionConfig
+from tuner.apply.reach import activation_share, precision_reach, reached_none, unreached_line
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.memory import MemoryMeter, training_memory
@@ -54,9 +55,12 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         batches = fixed_batches(task, spec.batch_pool or spec.steps)
         config = PrecisionConfig.from_dict(spec.config)
         memory.start()
-        with config.scope():
+        with config.scope() as placement:
             model = task.build_model()
             stage = "check"
+            result.precision_reach = _reach(model, config, placement)
+            if reached_none(result.precision_reach):  # a built model can say so before training
+                return _unreached(spec, result)
             rounding = _input_rounding(task, model, batches[0], spec)
             if rounding is not None:
                 failure_class, layer, reason = rounding
@@ -74,6 +78,9 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
         result.training_memory, result.memory_error = _training_memory(model, optimizers,
                                                                        batches[0], config)
+        result.precision_reach = _reach(model, config, placement, result.training_memory)
+        if reached_none(result.precision_reach):  # a model built by its first call
+            return _unreached(spec, result)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             keep(spec, model, optimizers, batches, task, trained=len(result.losses))
         if result.first_non_finite_step is not None:
@@ -94,6 +101,23 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         model = optimizers = None  # noqa: F841 - release before the next trial
         gc.collect()
     return result
+
+
+def _reach(model, config: PrecisionConfig, placement, memory: dict | None = None) -> dict:
+    reach = precision_reach(model, config.policy, placement.origin_of)
+    reach["activation_share"] = activation_share(memory, reach["dtype"])
+    return reach
+
+
+def _unreached(spec: TrialSpec, partial: TrialResult) -> TrialResult:
+    """The config's 16-bit dtype reached (almost) none of the model: a failure that names the
+    layers and the fix (tuner.apply.reach), never a slow 16-bit config."""
+    reach = partial.precision_reach
+    return TrialResult.failed(spec.number, FailureClass.PRECISION_UNREACHED,
+                              unreached_line(reach, PrecisionConfig.from_dict(spec.config).policy),
+                              warmup_steps=spec.warmup_steps, precision_reach=reach,
+                              training_memory=partial.training_memory,
+                              **_what_it_measured(partial))
 
 
 def _what_it_measured(partial: TrialResult) -> dict:

@@ -1,0 +1,123 @@
+"""How much of a model a config's 16-bit dtype reaches, and what to say when it reaches none.
+
+A config that sets ``mixed_bfloat16`` can leave a model in float32: a model loaded before the
+config's scope opened, layers built with ``dtype="float32"`` written in their code, a library
+that passes its own dtype down. Such a trial trains float32 and looks like a slow 16-bit
+config; the tool must say so instead (tuner.worker.trial fails it as ``precision_unreached``,
+the guard and ``precision-tuner train`` warn).
+
+``precision_reach(model, policy, origin_of)`` counts, as plain data, the model's parameters by
+the compute dtype of the layer that owns them (each weight once, at the innermost layer that
+created it), and names the layers outside the 16-bit dtype with where their dtype came from
+(tuner.apply.dtype_origins). ``activation_share`` reads the activations' share from the
+trial's memory record (tuner.worker.memory), which counts every layer call's float outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tuner.apply.config_data import compute_dtype_of
+from tuner.apply.dtype_origins import DtypeOrigin
+
+# Below this share of the parameters in its 16-bit dtype, a config has reached (almost) none of
+# the model: its trial measures float32, not the config.
+REACH_FLOOR = 0.05
+_SHOWN_LAYERS = 3
+_ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def precision_reach(model: Any, policy: str,
+                    origin_of: Callable[[Any], DtypeOrigin] | None = None) -> dict[str, Any]:
+    """``{"dtype", "parameters": {dtype: count}, "parameter_share", "elsewhere": [{"path",
+    "dtype", "origin", "parameters"}, ...]}``: ``parameter_share`` is the share of the
+    parameters whose layer computes in ``policy``'s compute dtype (None for a model without
+    parameters, or one not built yet); ``elsewhere`` the layers that compute in another dtype,
+    most parameters first."""
+    from tuner.apply.layers import layer_paths
+
+    dtype = compute_dtype_of(policy)
+    parameters: dict[str, int] = {}
+    elsewhere: list[dict[str, Any]] = []
+    for layer, path in [(model, model.name)] + layer_paths(model):
+        count = _own_parameters(layer)
+        if not count:
+            continue
+        layer_dtype = str(layer.compute_dtype)
+        parameters[layer_dtype] = parameters.get(layer_dtype, 0) + count
+        if layer_dtype != dtype:
+            origin = origin_of(layer) if origin_of is not None else DtypeOrigin.OUTSIDE
+            elsewhere.append({"path": path, "dtype": layer_dtype, "origin": origin.value,
+                              "parameters": count})
+    total = sum(parameters.values())
+    elsewhere.sort(key=lambda entry: -entry["parameters"])
+    return {"dtype": dtype, "parameters": parameters,
+            "parameter_share": parameters.get(dtype, 0) / total if total else None,
+            "elsewhere": elsewhere}
+
+
+def _own_parameters(layer: Any) -> int:
+    # Keras 3 keeps the weights a layer created itself in these two lists (its sublayers'
+    # are in their own): each weight is counted once, with the layer that computes with it.
+    own = list(getattr(layer, "_trainable_variables", [])) \
+        + list(getattr(layer, "_non_trainable_variables", []))
+    count = 0
+    for variable in own:
+        if str(variable.dtype) not in _ITEM_BYTES:
+            continue  # integer state (a seed, a counter) is not a parameter
+        size = 1
+        for dim in variable.shape:
+            size *= int(dim)
+        count += size
+    return count
+
+
+def activation_share(memory: dict[str, Any] | None, dtype: str) -> float | None:
+    """The share of the activations (elements, every layer call's float outputs) computed in
+    ``dtype``, from a trial's memory record; None without one."""
+    activations = (memory or {}).get("activations") or {}
+    elements = {name: size / _ITEM_BYTES[name] for name, size in activations.items()
+                if name in _ITEM_BYTES}
+    total = sum(elements.values())
+    return elements.get(dtype, 0) / total if total else None
+
+
+def reached_none(reach: dict[str, Any] | None) -> bool:
+    """A 16-bit config whose dtype computes (almost) none of the model's parameters."""
+    if not reach or reach["dtype"] == "float32" or reach.get("parameter_share") is None:
+        return False
+    return reach["parameter_share"] < REACH_FLOOR
+
+
+_FIXES = {
+    DtypeOrigin.CODE.value: "construct them without dtype= (or with dtype=None) so that they "
+                            "take the config's policy",
+    DtypeOrigin.OUTSIDE.value: "build or load the model inside the config's scope "
+                               "(build_model() in a task file, `with cfg.scope():` in a "
+                               "training script), or pass it through `model = cfg.apply(model)`",
+    DtypeOrigin.SAVED_KEPT.value: "the saved model keeps them in their dtype on purpose; save it "
+                                  "again without that placement, or build them in code",
+    DtypeOrigin.PLACEMENT.value: "drop the float32 group or layer pattern that selects them",
+    DtypeOrigin.SAVED.value: "load the model inside the config's scope",
+    DtypeOrigin.POLICY.value: "check the layer's own dtype handling",
+}
+
+
+def unreached_line(reach: dict[str, Any], policy: str) -> str:
+    """One line: the config reaches (almost) none of the model, which layers, where their
+    dtype came from, and the fix."""
+    elsewhere = reach["elsewhere"]
+    share = reach["parameter_share"] or 0.0
+    names = ", ".join(entry["path"] for entry in elsewhere[:_SHOWN_LAYERS])
+    more = len(elsewhere) - _SHOWN_LAYERS
+    if more > 0:
+        names += f" and {more} more"
+    by_origin: dict[str, int] = {}
+    for entry in elsewhere:
+        by_origin[entry["origin"]] = by_origin.get(entry["origin"], 0) + entry["parameters"]
+    origin = max(by_origin, key=by_origin.get) if by_origin else DtypeOrigin.OUTSIDE.value
+    dtype = elsewhere[0]["dtype"] if elsewhere else "float32"
+    why = DtypeOrigin(origin).describe(dtype)
+    return (f"{policy} reached {share:.0%} of the model's parameters: {names} compute in "
+            f"{dtype} ({why}), so this trains in {dtype}, not {reach['dtype']}. "
+            f"Fix: {_FIXES[origin]}.")
