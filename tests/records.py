@@ -10,7 +10,7 @@ from pathlib import Path
 # task_error is the task's own code raising, or breaking the task-file contract.
 CAUSES = {"task_error", "dtype_mismatch", "integer_rounding", "input_rounding",
           "index_out_of_range", "numeric_check",
-          "out_of_memory", "timeout", "worker_crashed"}
+          "out_of_memory", "timeout", "worker_crashed", "precision_unreached"}
 _BARE_PREAMBLE = re.compile(r"Graph execution error|Exception encountered when calling")
 
 
