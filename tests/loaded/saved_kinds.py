@@ -206,14 +206,14 @@ from pathlib import Path
 import keras
 import numpy as np
 sys.path.insert(0, {root!r})
-from tests.loaded.saved_kinds import X, Y  # registers the custom classes, as users import them
+from tests.loaded.saved_kinds import KINDS, X, Y  # registers the custom classes too
 HERE = Path(__file__).parent
 LOSS = "sparse_categorical_crossentropy"
 BATCH_SIZE = 16
 def build_model():
     return {expression}
 def train_data():
-    return X, Y
+    return {inputs}, Y
 '''
 
 
@@ -221,6 +221,7 @@ def task_file(folder: Path, name: str, expression: str | None = None) -> Path:
     """A task file in ``folder`` whose build_model() returns ``expression`` (by default, the
     kind ``name``'s own load)."""
     path = Path(folder) / f"task_{name}.py"
-    path.write_text(TASK.format(expression=expression or KINDS[name].expression,
+    inputs = f"KINDS[{name!r}].inputs()" if name in KINDS else "X"
+    path.write_text(TASK.format(expression=expression or KINDS[name].expression, inputs=inputs,
                                 root=str(Path(__file__).resolve().parents[2])))
     return path
