@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	@# KerasHub for the test of a model loaded from a local preset, without its dependency
+	@# tensorflow-text, which pulls the full tensorflow wheel over tensorflow-cpu (the same
+	@# package folder); keras_hub's models and presets import without it.
+	$(BIN)/pip install --quiet --no-deps "keras-hub>=0.32"
+	$(BIN)/pip install --quiet kagglehub regex sentencepiece tokenizers
 	@touch $(STAMP)
 
 demo: setup

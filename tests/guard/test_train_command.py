@@ -117,3 +117,25 @@ def test_a_failing_config_run_stops_the_float32_run(tmp_path):
     assert done.returncode != 0
     assert "training of breaks.py failed" in done.stderr and "no model" in done.stderr
     assert done.stderr.strip().count("\n") == 0
+
+
+def test_train_says_when_the_config_reaches_no_layer(tmp_path):
+    task = tmp_path / "float32_layers.py"
+    task.write_text(
+        "import keras, numpy as np\nLOSS = 'mse'\n"
+        "def build_model():\n"
+        "    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, dtype='float32'),"
+        " keras.layers.Dense(1, dtype='float32')])\n"
+        "def train_data():\n"
+        "    x = np.random.default_rng(0).normal(size=(256, 4)).astype('float32')\n"
+        "    return x, x.sum(axis=1, keepdims=True)\n")
+    config = tmp_path / "bf16.json"
+    config.write_text('{"policy": "mixed_bfloat16"}')
+    done = _cli("train", str(task), "--config", str(config), "--epochs", "2",
+                "--run-dir", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert [event["kind"] for event in record["events"]] == ["precision_unreached"]
+    line = next(text for text in done.stdout.splitlines()
+                if text.startswith("guard: mixed_bfloat16 reached 0%"))
+    assert "dense" in line and "dtype='float32' in the code" in line and "Fix:" in line

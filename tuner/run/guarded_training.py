@@ -180,6 +180,9 @@ def _print_table(record: dict) -> None:
         print(f"{index + 1:5d}  " + "  ".join(
             f"{record['runs'][name][measure][index]:18.5g}" for name in names))
     for event in record["events"]:
+        if event["kind"] == "precision_unreached":   # the line itself names layers and fix
+            print(f"guard: {event['seen']}")
+            continue
         print(f"guard: epoch {event['epoch']} step {event['step']}: {event['kind']} "
               f"({event['layer'] or 'no layer'}): {event['action']}")
     if not record.get("guard", True):
