@@ -2,7 +2,11 @@
 config's vocabularies as types, the loss-scale kind and the weight update (``vocabulary``); its
 data, checks and file format (``config_data``); the layer walks and the call hook
 (``layers``) and the instruments the guard and the tuner's worker both read a model with
-(``instruments``); its Keras scope and float32 layer placement (``scope``), loss scaling and
+(``instruments``); where each layer's dtype came from, and the rule that gives a layer loaded from a saved file or
+a config the config's policy (``dtype_origins``); its Keras scope and float32 layer placement
+(``scope``, with ``float32_outputs``); a config applied to a model already in memory
+(``existing_model``); how much of a model the config's 16-bit dtype reaches (``reach``); loss
+scaling and
 optimizer epsilon (``loss_scaling``), updates for 16-bit weights (``weight_update``), the
 precision guard that watches and repairs a whole training (``guard``); and on top
 ``PrecisionConfig`` (``config``), the data with the three calls that apply it, each importing

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tuner.apply.config_data import (FLOAT32_GROUPS, POLICIES, PURE_POLICIES, SCHEMA_VERSION,
                                      ConfigData, Epsilon, Float32Placement, LossScale,
                                      compute_dtype_of, power_of_two)
+from tuner.apply.existing_model import apply_to_model
 
 __all__ = ["PrecisionConfig", "LossScale", "Epsilon", "Float32Placement", "ConfigData",
            "POLICIES", "PURE_POLICIES", "FLOAT32_GROUPS", "SCHEMA_VERSION", "compute_dtype_of",
@@ -43,8 +44,6 @@ class PrecisionConfig(ConfigData):
         next fit); with a pure 16-bit policy it is rebuilt with 16-bit weights, the weights
         copied over, and the new, uncompiled model is returned. Build or load inside
         ``scope()`` where you can: that needs no copy."""
-        from tuner.apply.existing_model import apply_to_model
-
         return apply_to_model(self, model)
 
     def wrap_optimizer(self, optimizer):

@@ -207,3 +207,25 @@ class SavedDtypes:
         own = work()
         self._own[id(source)] = (source, own)
         return own
+
+
+def constructor_dtype(policy: str, saved: SavedDtypes, layer: Any, kwargs: dict,
+                      caller: Any) -> DtypeOrigin:
+    """Where the ``dtype`` handed to ``layer``'s constructor (its ``Layer.__init__``, called
+    from the frame ``caller`` with ``kwargs``) comes from; a saved model's own dtype is
+    replaced by ``policy`` in ``kwargs``, before the layer exists."""
+    import keras
+
+    given = kwargs.get("dtype")
+    if given is None or isinstance(layer, keras.layers.InputLayer):
+        return DtypeOrigin.POLICY
+    name = policy_name(given)
+    if name == policy:
+        return DtypeOrigin.POLICY
+    from_config, own = saved.config_dtype(layer, caller)
+    if not from_config:
+        return DtypeOrigin.CODE
+    if name is not None and name == own:
+        kwargs["dtype"] = policy
+        return DtypeOrigin.SAVED
+    return DtypeOrigin.SAVED_KEPT

@@ -51,7 +51,8 @@ def _in_place(cfg: ConfigData, model: Any, own: str | None) -> None:
     import keras
 
     from tuner.apply.layers import layer_paths
-    from tuner.apply.scope import Float32Placer, _cast_outputs_to_float32
+    from tuner.apply.float32_outputs import cast_outputs_to_float32
+    from tuner.apply.scope import Float32Placer
 
     placer = Float32Placer(cfg)
     members = [(model, model.name)] + layer_paths(model)
@@ -69,7 +70,7 @@ def _in_place(cfg: ConfigData, model: Any, own: str | None) -> None:
     if placer.placing:
         placer.place_built_model(model)
     if placer.outputs:
-        _cast_outputs_to_float32(model)
+        cast_outputs_to_float32(model)
     for name in ("train_function", "test_function", "predict_function"):
         if getattr(model, name, None) is not None:
             setattr(model, name, None)  # traced with the old dtypes

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from tuner.apply.config_data import compute_dtype_of
 from tuner.apply.dtype_origins import DtypeOrigin
+from tuner.apply.dtype_origins import origin_of as recorded_origin
 
 # Below this share of the parameters in its 16-bit dtype, a config has reached (almost) none of
 # the model: its trial measures float32, not the config.
@@ -46,7 +47,7 @@ def precision_reach(model: Any, policy: str,
         layer_dtype = str(layer.compute_dtype)
         parameters[layer_dtype] = parameters.get(layer_dtype, 0) + count
         if layer_dtype != dtype:
-            origin = origin_of(layer) if origin_of is not None else DtypeOrigin.OUTSIDE
+            origin = (origin_of or recorded_origin)(layer)
             elsewhere.append({"path": path, "dtype": layer_dtype, "origin": origin.value,
                               "parameters": count})
     total = sum(parameters.values())
@@ -121,3 +122,11 @@ def unreached_line(reach: dict[str, Any], policy: str) -> str:
     return (f"{policy} reached {share:.0%} of the model's parameters: {names} compute in "
             f"{dtype} ({why}), so this trains in {dtype}, not {reach['dtype']}. "
             f"Fix: {_FIXES[origin]}.")
+
+
+def unreached_model(model: Any, policy: str,
+                    origin_of: Callable[[Any], DtypeOrigin] | None = None) -> str | None:
+    """``unreached_line`` for a built model the config's dtype reaches (almost) none of;
+    None where it does reach it."""
+    reach = precision_reach(model, policy, origin_of or recorded_origin)
+    return unreached_line(reach, policy) if reached_none(reach) else None

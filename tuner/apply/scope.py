@@ -48,7 +48,7 @@ wrapper runs its inner layer's ``call`` directly, under its own autocast scope, 
 the inner layer's float32 weights as 16-bit and skip the cast of its inputs. A layer given an
 explicit dtype other than the config's policy keeps what the user (or a parent layer) chose.
 
-``float32.outputs`` wraps each model's ``call`` as it is constructed and casts its float outputs
+``float32.outputs`` (tuner.apply.float32_outputs) wraps each model's ``call`` as it is constructed and casts its float outputs
 to float32 only where it is the outermost layer of the call, which Keras's own call context
 (its private ``current_call_ctx`` global, the ``entry_layer`` that ``Layer.__call__`` records)
 tells: nothing else separates the model ``build_model()`` returns from the models inside it
@@ -71,8 +71,9 @@ from typing import Any, Iterator
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.dtype_origins import (DtypeOrigin, SavedDtypes, origin_of, policy_name,
+from tuner.apply.dtype_origins import (DtypeOrigin, SavedDtypes, constructor_dtype, origin_of,
                                         record_origin)
+from tuner.apply.float32_outputs import cast_outputs_to_float32
 from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
                                  layer_paths, matching_patterns, prospective_path,
                                  runs_a_graph, sublayers)
@@ -146,7 +147,7 @@ class Float32Placer:
         self._constructed.append(weakref.ref(layer))
         self._wrap_build(layer)
         if self.outputs and isinstance(layer, keras.Model):
-            _cast_outputs_to_float32(layer)
+            cast_outputs_to_float32(layer)
 
     def _wrap_build(self, layer: keras.layers.Layer) -> None:
         keras_build = layer.build
@@ -342,52 +343,6 @@ class Float32Placer:
                           "paths) or remove it from float32.layers.", UserWarning, stacklevel=2)
 
 
-def _cast_outputs_to_float32(model: keras.Model) -> None:
-    """``float32.outputs``: the model's float outputs come out in float32 (Keras's mixed
-    precision guide ends a model with a float32 layer for this), so the loss, the metrics and a
-    custom ``train_step`` compute with float32 predictions. Only where the model is the
-    outermost layer of the call (Keras's call context: its ``entry_layer``): a nested model's
-    outputs feed 16-bit layers, or a parent's raw ops, and stay as they are. Wraps the model's
-    ``call`` (an instance attribute, as the placements' hand-back does) when it is constructed,
-    so it holds inside the scope (where the tuner's worker trains) and after it."""
-    from keras.src.backend.common import global_state
-
-    keras_call = model.call
-
-    def to_float32(value: Any) -> Any:
-        return keras.ops.cast(value, _FLOAT32) if float_needing_cast(value, _FLOAT32) \
-            else value
-
-    @functools.wraps(keras_call)
-    def call(*args, **kwargs):
-        output = keras_call(*args, **kwargs)
-        context = global_state.get_global_attribute("current_call_ctx")
-        if context is not None and context.entry_layer is not model:
-            return output
-        return keras.tree.map_structure(to_float32, output)
-
-    object.__setattr__(model, "call", call)
-
-
-def _dtype_origin(policy: str, saved: SavedDtypes, layer: keras.layers.Layer,
-                  kwargs: dict, caller: Any) -> DtypeOrigin:
-    """Where the ``dtype`` handed to ``layer``'s constructor comes from; a saved model's own
-    dtype is replaced by ``policy`` in ``kwargs`` (tuner.apply.dtype_origins)."""
-    given = kwargs.get("dtype")
-    if given is None or isinstance(layer, keras.layers.InputLayer):
-        return DtypeOrigin.POLICY
-    name = policy_name(given)
-    if name == policy:
-        return DtypeOrigin.POLICY
-    from_config, own = saved.config_dtype(layer, caller)
-    if not from_config:
-        return DtypeOrigin.CODE
-    if name is not None and name == own:
-        kwargs["dtype"] = policy
-        return DtypeOrigin.SAVED
-    return DtypeOrigin.SAVED_KEPT
-
-
 @contextlib.contextmanager
 def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
     previous_policy = keras.config.dtype_policy()
@@ -398,7 +353,7 @@ def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
     original_init = keras.layers.Layer.__init__
 
     def init(self, *args, **kwargs):
-        origin = _dtype_origin(cfg.policy, saved, self, kwargs, sys._getframe(1))
+        origin = constructor_dtype(cfg.policy, saved, self, kwargs, sys._getframe(1))
         original_init(self, *args, **kwargs)
         placer.constructed(self, origin)
 

@@ -243,13 +243,7 @@ class Tracker:
             summary["training_memory_bytes"] = float(memory["total_bytes"])
             for part in ("weights", "gradients", "optimizer", "activations"):
                 summary[f"memory_{part}_bytes"] = float(sum(memory[part].values()))
-        reach = result.precision_reach or {}
-        summary["precision_reach_parameters"] = reach.get("parameter_share")
-        summary["precision_reach_activations"] = reach.get("activation_share")
-        if reach.get("elsewhere") and reach.get("dtype") != "float32":
-            self.client.set_tag(run_id, "layers_outside_16bit", ", ".join(
-                f"{entry['path']} ({entry['dtype']}, {entry['origin']})"
-                for entry in reach["elsewhere"])[:5000])
+        summary.update(self._reach(run_id, result.precision_reach or {}))
         self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
                           per_step=per_step, timestamp=now)
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
@@ -261,6 +255,16 @@ class Tracker:
             speedup=summary.get("speedup_vs_float32"), median_ms=judgement.median_step_ms))
         status = "FAILED" if judgement.verdict.value == "failed" else "FINISHED"
         self.client.set_terminated(run_id, status)
+
+    def _reach(self, run_id: str, reach: dict) -> dict[str, float | None]:
+        """How much of the model the trial's 16-bit dtype reached (tuner.apply.reach): two
+        metrics, and the layers outside it as a tag."""
+        if reach.get("elsewhere") and reach.get("dtype") != "float32":
+            self.client.set_tag(run_id, "layers_outside_16bit", ", ".join(
+                f"{entry['path']} ({entry['dtype']}, {entry['origin']})"
+                for entry in reach["elsewhere"])[:5000])
+        return {"precision_reach_parameters": reach.get("parameter_share"),
+                "precision_reach_activations": reach.get("activation_share")}
 
     def log_remeasure(self, run_id: str, median_ms: float,
                       estimate: SpeedupEstimate | None) -> None:

@@ -1,7 +1,8 @@
 """The worker side: everything that runs inside a TensorFlow process, for either executor — the
 process's start (``process``, ``startup``), a trial (``trial``, its timed ``steps``, its
 ``validation``), live models kept for the re-measurement and the confirmation (``live``,
-``live_models``), the task check and device ceiling (``probe``, ``ceiling``), diagnostics and the
+``live_models``), the task check and device ceiling (``probe``, ``ceiling``; a model file
+that does not load, said in one line: ``model_files``), diagnostics and the
 input checks (``diagnose``, ``diagnose_steps``, ``layer_ranges``, ``integer_inputs``,
 ``continuous_inputs``), failure classification and memory, and, each as its own process, a
 whole guarded training (``guarded_train``) and one timed measurement of ``precision-tuner

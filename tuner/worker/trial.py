@@ -58,8 +58,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         with config.scope() as placement:
             model = task.build_model()
             stage = "check"
-            result.precision_reach = _reach(model, config, placement)
-            if reached_none(result.precision_reach):  # a built model can say so before training
+            if _unreached_yet(result, model, config, placement):  # a built model: no training
                 return _unreached(spec, result)
             rounding = _input_rounding(task, model, batches[0], spec)
             if rounding is not None:
@@ -78,8 +77,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
         result.training_memory, result.memory_error = _training_memory(model, optimizers,
                                                                        batches[0], config)
-        result.precision_reach = _reach(model, config, placement, result.training_memory)
-        if reached_none(result.precision_reach):  # a model built by its first call
+        if _unreached_yet(result, model, config, placement):  # a model built by its call
             return _unreached(spec, result)
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             keep(spec, model, optimizers, batches, task, trained=len(result.losses))
@@ -103,10 +101,13 @@ def train_trial(spec: TrialSpec) -> TrialResult:
     return result
 
 
-def _reach(model, config: PrecisionConfig, placement, memory: dict | None = None) -> dict:
+def _unreached_yet(result: TrialResult, model, config: PrecisionConfig, placement) -> bool:
+    """Record how much of the model the config's dtype reaches (the activations, once the
+    memory record has them); whether it reaches (almost) none."""
     reach = precision_reach(model, config.policy, placement.origin_of)
-    reach["activation_share"] = activation_share(memory, reach["dtype"])
-    return reach
+    reach["activation_share"] = activation_share(result.training_memory, reach["dtype"])
+    result.precision_reach = reach
+    return reached_none(reach)
 
 
 def _unreached(spec: TrialSpec, partial: TrialResult) -> TrialResult:

@@ -23,11 +23,7 @@ after it (or under pure 16-bit policies, where it does not exist) does the guard
 training with ``GuardError``. Under pure 16-bit policies (16-bit weights) a layer cannot move to
 float32 mid-training (its weights and their optimizer slots are 16-bit): the guard restores and
 rescales, and records the layer in ``guard.config`` so that the next training builds it in
-float32.
-
-At the start, a config whose 16-bit dtype reaches (almost) no layer of the model (a model
-loaded before the scope opened, layers built with ``dtype="float32"``) is one event,
-``precision_unreached``, that names the layers and the fix (tuner.apply.reach).
+float32. A config whose dtype reaches (almost) no layer is an event at the start (reach).
 
 A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
 batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
@@ -44,13 +40,12 @@ from typing import Any
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.dtype_origins import origin_of
 from tuner.apply.guard import cause, fidelity, readings
 from tuner.apply.guard.repairs import GuardError, Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, SpikeWatch
 from tuner.apply.loss_scaling import current_loss_scale, loss_scale_kind
-from tuner.apply.reach import precision_reach, reached_none, unreached_line
+from tuner.apply.reach import unreached_model
 
 
 __all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
@@ -134,11 +129,9 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
                                     else self.config.loss_scale.floor))
         self._iterations = readings.iterations(self.model)
         self._take_snapshot()
-        reach = precision_reach(model, self.config.policy, origin_of)
-        if reached_none(reach):  # nothing to guard: say why, as the tuner's trial does
-            self._record("precision_unreached", unreached_line(reach, self.config.policy), None,
-                         "nothing to repair: this training runs in float32",
-                         "the config's 16-bit dtype reaches (almost) no layer")
+        unreached = unreached_model(model, self.config.policy)
+        if unreached:  # nothing to guard: say why, as the tuner's trial does
+            self._record("precision_unreached", unreached, None, "nothing to repair", "no 16-bit layer")
 
     def on_train_end(self, logs=None) -> None:
         self._close()
