@@ -31,6 +31,11 @@ class Speedup:
         return f"{self.value:.2f}x [{self.low:.2f}-{self.high:.2f}]"
 
 
+def _reach(result: dict[str, Any], share: str) -> float | None:
+    reach = result.get("precision_reach") or {}
+    return reach.get(share) if reach.get("dtype") not in (None, "float32") else None
+
+
 def _row(record: dict[str, Any]) -> dict[str, Any]:
     """One trial as flat columns: its config, verdict and figures."""
     config = PrecisionConfig.from_dict(record["config"])
@@ -47,6 +52,9 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
         "speedup": interval.get("ratio"), "speedup_low": interval.get("low"),
         "speedup_high": interval.get("high"),
         "memory_bytes": (result.get("training_memory") or {}).get("total_bytes"),
+        # The shares of parameters and activations computed in the 16-bit dtype (float32: None)
+        "reach_parameters": _reach(result, "parameter_share"),
+        "reach_activations": _reach(result, "activation_share"),
         "loss_decrease_ratio": record.get("loss_decrease_ratio"),
         "val_loss": validation.get("loss"), "repair": bool(record.get("repair")),
     }

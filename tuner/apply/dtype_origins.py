@@ -56,10 +56,10 @@ class DtypeOrigin(str, enum.Enum):
     def describe(self, dtype: str) -> str:
         return {
             DtypeOrigin.POLICY: f"took the config's policy ({dtype})",
-            DtypeOrigin.SAVED: f"its saved dtype, replaced by the config's ({dtype})",
+            DtypeOrigin.SAVED: f"their saved dtype, replaced by the config's ({dtype})",
             DtypeOrigin.SAVED_KEPT: f"saved as {dtype}, unlike the rest of the saved model, "
                                     "so kept",
-            DtypeOrigin.CODE: f"dtype={dtype!r} in the code that constructs it",
+            DtypeOrigin.CODE: f"dtype={dtype!r} in the code that constructs them",
             DtypeOrigin.PLACEMENT: "a float32 placement of the config",
             DtypeOrigin.OUTSIDE: f"built as {dtype} before the config's scope opened",
         }[self]
