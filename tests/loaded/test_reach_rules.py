@@ -40,8 +40,9 @@ def test_a_configs_layers_are_read_at_any_depth_but_not_its_inputs_or_tensors():
     assert sorted(saved_layer_dtypes(config)) == ["float32", "mixed_bfloat16"]
 
 
-def _reach(share, elsewhere=()):
+def _reach(share, elsewhere=(), layers=None, activations=None):
     return {"dtype": "bfloat16", "parameters": {}, "parameter_share": share,
+            "layer_share": layers, "activation_share": activations,
             "elsewhere": list(elsewhere)}
 
 
@@ -51,12 +52,26 @@ def test_reached_none_is_under_the_floor_of_a_16_bit_config_only():
     assert not reached_none({**_reach(0.0), "dtype": "float32"})
 
 
+@pytest.mark.parametrize("parameters, layers, activations, none", [
+    (0.0, 0.0, None, True),        # a loaded float32 model, before training
+    (0.0, 0.0, 0.01, True),        # ... and after: its activations are float32 too
+    (0.01, 0.8, None, False),      # an embedding table kept in float32: the layers compute 16-bit
+    (0.01, 0.8, 0.7, False),       # ... and so do the activations
+    (0.01, 0.8, 0.02, True),       # the activations say otherwise: they decide over the layers
+    (None, 0.0, None, True),       # a model without parameters computing in float32
+    (None, None, None, False),     # nothing known yet: not failed on a guess
+])
+def test_reached_none_needs_both_the_parameters_and_the_computation(parameters, layers,
+                                                                      activations, none):
+    assert reached_none(_reach(parameters, layers=layers, activations=activations)) is none
+
+
 def test_the_unreached_line_names_the_layers_their_origin_and_the_fix():
     elsewhere = [{"path": f"dense_{i}", "dtype": "float32", "origin": "outside",
                   "parameters": 100 - i} for i in range(5)]
-    line = unreached_line(_reach(0.0, elsewhere), "mixed_bfloat16")
-    assert line.startswith("mixed_bfloat16 reached 0% of the model's parameters: dense_0, "
-                           "dense_1, dense_2 and 2 more compute in float32")
+    line = unreached_line(_reach(0.0, elsewhere, layers=0.0), "mixed_bfloat16")
+    assert line.startswith("mixed_bfloat16 reached 0% of the model's parameters and 0% of its "
+                           "layers: dense_0, dense_1, dense_2 and 2 more compute in float32")
     assert "before the config's scope opened" in line and "cfg.apply(model)" in line
     assert "\n" not in line
 

@@ -21,8 +21,10 @@ from tuner.apply.config_data import compute_dtype_of
 from tuner.apply.dtype_origins import DtypeOrigin
 from tuner.apply.dtype_origins import origin_of as recorded_origin
 
-# Below this share of the parameters in its 16-bit dtype, a config has reached (almost) none of
-# the model: its trial measures float32, not the config.
+# Below this share of the parameters and of the computation (the activations once measured,
+# the layers before) in its 16-bit dtype, a config has reached (almost) none of the model: its
+# trial measures float32, not the config. A 16-bit model whose parameters sit mostly in one
+# float32 layer (an embedding table kept exact) is reached: its computation is 16-bit.
 REACH_FLOOR = 0.05
 _SHOWN_LAYERS = 3
 _ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -30,17 +32,22 @@ _ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 def precision_reach(model: Any, policy: str,
                     origin_of: Callable[[Any], DtypeOrigin] | None = None) -> dict[str, Any]:
-    """``{"dtype", "parameters": {dtype: count}, "parameter_share", "elsewhere": [{"path",
-    "dtype", "origin", "parameters"}, ...]}``: ``parameter_share`` is the share of the
+    """``{"dtype", "parameters": {dtype: count}, "parameter_share", "layer_share", "elsewhere":
+    [{"path", "dtype", "origin", "parameters"}, ...]}``: ``parameter_share`` is the share of the
     parameters whose layer computes in ``policy``'s compute dtype (None for a model without
-    parameters, or one not built yet); ``elsewhere`` the layers that compute in another dtype,
-    most parameters first."""
+    parameters, or one not built yet); ``layer_share`` the share of its layers (any, weights or
+    not) that compute in it (None for a model without layers); ``elsewhere`` the layers with
+    parameters that compute in another dtype, most parameters first."""
     from tuner.apply.layers import layer_paths
 
     dtype = compute_dtype_of(policy)
     parameters: dict[str, int] = {}
     elsewhere: list[dict[str, Any]] = []
+    layers = in_dtype = 0
     for layer, path in [(model, model.name)] + layer_paths(model):
+        if layer is not model and type(layer).__name__ != "InputLayer":
+            layers += 1
+            in_dtype += str(layer.compute_dtype) == dtype
         count = _own_parameters(layer)
         if not count:
             continue
@@ -54,7 +61,7 @@ def precision_reach(model: Any, policy: str,
     elsewhere.sort(key=lambda entry: -entry["parameters"])
     return {"dtype": dtype, "parameters": parameters,
             "parameter_share": parameters.get(dtype, 0) / total if total else None,
-            "elsewhere": elsewhere}
+            "layer_share": in_dtype / layers if layers else None, "elsewhere": elsewhere}
 
 
 def _own_parameters(layer: Any) -> int:
@@ -83,11 +90,22 @@ def activation_share(memory: dict[str, Any] | None, dtype: str) -> float | None:
     return elements.get(dtype, 0) / total if total else None
 
 
+def computation_share(reach: dict[str, Any]) -> tuple[float | None, str]:
+    """The share of the model's computation in the 16-bit dtype and what it counts: the
+    activations once a trial has measured them, the layers before."""
+    if reach.get("activation_share") is not None:
+        return reach["activation_share"], "activations"
+    return reach.get("layer_share"), "layers"
+
+
 def reached_none(reach: dict[str, Any] | None) -> bool:
-    """A 16-bit config whose dtype computes (almost) none of the model's parameters."""
-    if not reach or reach["dtype"] == "float32" or reach.get("parameter_share") is None:
+    """A 16-bit config whose dtype computes (almost) none of the model: under the floor in its
+    parameters and in its computation, of those that are known."""
+    if not reach or reach["dtype"] == "float32":
         return False
-    return reach["parameter_share"] < REACH_FLOOR
+    shares = [share for share in (reach.get("parameter_share"), computation_share(reach)[0])
+              if share is not None]
+    return bool(shares) and all(share < REACH_FLOOR for share in shares)
 
 
 _FIXES = {
@@ -109,7 +127,7 @@ def unreached_line(reach: dict[str, Any], policy: str) -> str:
     dtype came from, and the fix."""
     elsewhere = reach["elsewhere"]
     share = reach["parameter_share"] or 0.0
-    names = ", ".join(entry["path"] for entry in elsewhere[:_SHOWN_LAYERS])
+    names = ", ".join(entry["path"] for entry in elsewhere[:_SHOWN_LAYERS]) or "its layers"
     more = len(elsewhere) - _SHOWN_LAYERS
     if more > 0:
         names += f" and {more} more"
@@ -119,7 +137,11 @@ def unreached_line(reach: dict[str, Any], policy: str) -> str:
     origin = max(by_origin, key=by_origin.get) if by_origin else DtypeOrigin.OUTSIDE.value
     dtype = elsewhere[0]["dtype"] if elsewhere else "float32"
     why = DtypeOrigin(origin).describe(dtype)
-    return (f"{policy} reached {share:.0%} of the model's parameters: {names} compute in "
+    computation, counted = computation_share(reach)
+    reached = f"{share:.0%} of the model's parameters"
+    if computation is not None:
+        reached += f" and {computation:.0%} of its {counted}"
+    return (f"{policy} reached {reached}: {names} compute in "
             f"{dtype} ({why}), so this trains in {dtype}, not {reach['dtype']}. "
             f"Fix: {_FIXES[origin]}.")
 
