@@ -33,7 +33,7 @@ _WHERE = {
     "SearchSpaceError": "tuner.errors", "TaskError": "tuner.errors",
     "tune": "tuner.api.run", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
     "load_result": "tuner.api.result",
-    "PrecisionGuard": "tuner.apply.guard.callback", "GuardError": "tuner.apply.guard.callback",
+    "PrecisionGuard": "tuner.apply.guard.callback", "GuardError": "tuner.errors",
 }
 __all__ = [*_WHERE, "__version__"]
 __getattr__, __dir__ = lazy_names(globals(), _WHERE)

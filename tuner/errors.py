@@ -45,6 +45,11 @@ class TrialInfrastructureError(TunerError):
     """The worker process machinery failed in a way that is not a trial's own failure."""
 
 
+class GuardError(TunerError):
+    """The precision guard ran out of repairs under a policy with no last resort (pure 16-bit);
+    its message says what it saw and tried."""
+
+
 class ServiceOutage(TunerError):
     """The service's job server did not answer (a timeout, a refused token, a dropped
     connection): not an answer about a job, so nothing may be concluded from it."""

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
-from tuner.apply.guard.callback import GuardError
+from tuner.errors import GuardError
 from tests.guard.test_guard import _train, around
 from tests.guard.test_repairs import _fit as _fit_task, _task
 

@@ -10,8 +10,9 @@ outcome (the loss reached, the layers named, the config kept 16-bit), not only a
 - several layers at once under the tuner's floor (1): one trip moves the four norms and the
   layers whose backward pass overflows there; where that would take most of the model, the
   floor is lowered instead;
-- a failure no repair can fix: the last resort (every layer in float32) comes before
-  ``GuardError``, and the guard takes its step wrapper off the model when it stops;
+- a failure no repair can fix: the last resort (every layer in float32) ends it under a mixed
+  policy, ``GuardError`` under a pure one, and the guard takes its step wrapper off the model
+  when it stops; ``float32_check=`` through a real training;
 - a healthy mixed_float16 training with a dynamic scale, with and without XLA, is the same bit
   for bit with the guard.
 """
@@ -29,7 +30,8 @@ import tensorflow as tf
 
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
-from tuner.apply.guard.callback import GuardError
+from tuner.errors import GuardError
+from tuner.apply.guard.precision_loss import Float32CheckWatch
 from tests.guard.test_guard import _digits_model as _healthy_model
 
 pytestmark = pytest.mark.slow
@@ -110,19 +112,27 @@ def test_a_layer_that_silently_outputs_zeros_is_found_and_moved(silent):
 def test_the_float32_check_is_judged_two_epochs_running_beyond_the_allowance():
     """The figure the guard logged and never judged: a gap either way round beyond 1.25x two
     epochs in a row is a trip; one epoch, or a gap inside the allowance, is not."""
-    guard = _float16(1e-6).guard()
-
-    def judge(as_is, in_float32):
-        return guard._judge_float32_check({"check_loss": as_is,
-                                           "check_loss_float32": in_float32})[0]
-
+    watch = Float32CheckWatch()
+    judge = watch.judge
     assert judge(100.0, 110.0) is None and judge(100.0, 120.0) is None  # inside 1.25x
     assert judge(2.9e4, 9.2e5) is None           # the first epoch beyond it: not yet
     assert judge(100.0, 101.0) is None           # back inside: the count starts again
     assert judge(2.9e4, 9.2e5) is None
-    assert judge(9.2e5, 2.9e4) == "float32_gap"  # the second epoch running, either way round
+    assert "two epochs running" in judge(9.2e5, 2.9e4)  # the second running, either way round
     assert judge(float("inf"), 5.0) is None      # counted from zero after a trip
-    assert judge(float("inf"), 5.0) == "float32_gap"
+    assert judge(float("inf"), 5.0) is not None
+
+
+def test_the_float32_check_trips_the_guard_through_a_real_training():
+    """``float32_check=`` passed to a training: the kelvin head under mixed_bfloat16 with the
+    per-batch checks off (``check_every=None``) is found by the check's data alone."""
+    task = _task(ROOT / "tests" / "tasks" / "kelvin_head.py")
+    _, _, watcher = _fit(task, PrecisionConfig("mixed_bfloat16"), epochs=8, guard=True,
+                         check_every=None, float32_check=task.val_data())
+    kinds = [event["kind"] for event in watcher.events]
+    assert kinds and kinds[0] == "float32_gap", kinds
+    assert "kelvin" in watcher.config.float32.layers
+    assert all("check_loss_float32" in figures for figures in watcher.history)
 
 
 # -- several layers at once under the tuner's floor ---------------------------------------------
@@ -167,24 +177,37 @@ class AlwaysNaN(keras.layers.Layer):
                                  tf.constant(1, inputs.dtype))
 
 
-def test_the_last_resort_comes_before_guard_error_and_the_wrapper_is_taken_off():
+def _always_nan_training(policy: str, **guard_options):
     keras.utils.set_random_seed(0)
     keras.backend.clear_session()
-    config = PrecisionConfig(policy="mixed_bfloat16")
+    config = PrecisionConfig(policy=policy)
     with config.scope():
         inputs = keras.Input(shape=(8,))
         x = AlwaysNaN(name="broken")(keras.layers.Dense(16)(inputs))
         model = keras.Model(inputs, keras.layers.Dense(1)(x))
     model.compile(optimizer=config.wrap_optimizer(keras.optimizers.Adam(1e-3)), loss="mse")
-    guard = config.guard(max_repairs=3, verbose=0)
+    guard = config.guard(max_repairs=3, verbose=0, **guard_options)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(1024, 8)).astype("float32"), rng.normal(size=1024).astype("float32")
-    with pytest.raises(GuardError, match="after 3 repairs"):
-        model.fit(x, y, batch_size=32, epochs=5, verbose=0, callbacks=[guard])
+    return model, guard, lambda: model.fit(x, y, batch_size=32, epochs=5, verbose=0,
+                                           callbacks=[guard])
+
+
+def test_the_last_resort_ends_the_watch_and_guard_error_is_left_to_pure_policies():
+    """Under a mixed policy the last resort (every layer in float32) ends the failure: the
+    training goes on as a float32 one, no GuardError after it (a NaN in float32 is not a
+    precision failure). Under a pure policy, where no last resort exists, GuardError."""
+    model, guard, fit = _always_nan_training("mixed_bfloat16")
+    fit()
     actions = [event["action"] for event in guard.events]
-    resort = next(index for index, action in enumerate(actions) if "last resort" in action)
-    assert guard.events[-1]["kind"] == "gave_up" and resort < len(actions) - 1
+    assert "last resort" in actions[-1] and len(actions) <= 4     # nothing after it
+    assert not any(event["kind"] == "gave_up" for event in guard.events)
     assert guard.config.policy == "float32"
+    assert not getattr(model.train_function, "_precision_guard", False)
+    model, guard, fit = _always_nan_training("bfloat16")
+    with pytest.raises(GuardError, match="after 3 repairs"):
+        fit()
+    assert guard.events[-1]["kind"] == "gave_up"
     assert not getattr(model.train_function, "_precision_guard", False)
 
 

@@ -1,29 +1,27 @@
-"""``PrecisionGuard``: a Keras callback that watches a training under a ``PrecisionConfig`` and,
-when 16-bit training fails, restores the last good state, finds the layers at fault on the
-failing batch and repairs them, then lets the training go on.
+"""``PrecisionGuard``: a Keras callback that watches a training under a ``PrecisionConfig`` and
+repairs what fails on the failing batch, then lets the training go on.
 
-Checks, after every step: a non-finite loss; a run of skipped updates (the optimizer's
-iterations not advancing under a loss scale); a dynamic loss scale at its floor; a loss far
-above its recent level (``watch.SpikeWatch``). Every ``check_every`` steps and at each epoch's
-end, spaced to take at most ``CHECK_BUDGET`` of the training's time: each 16-bit layer's
-output against the same layer computed in float32 on the kept batch (``fidelity``: a finite,
-wrong output that no NaN ever shows); a layer broken on half the batch, or beyond any rounding
-at two checks in a row, is a failure. After every epoch: a non-finite validation loss, and
-(``float32_check=``, off by default: it costs two evaluations) the same weights evaluated with
-every layer in float32; a gap beyond ``FLOAT32_GAP`` two epochs running is a failure.
+Checks (each failure a kind of ``failures.Failure``), after every step: a non-finite loss; a
+run of skipped updates (the optimizer's iterations not advancing under a loss scale); a dynamic
+loss scale at its floor; a loss far above its recent level (``watch.SpikeWatch``). Every
+``check_every`` steps and at each epoch's end, spaced to take at most ``CHECK_BUDGET`` of the
+training's time: each 16-bit layer's output against the same layer computed in float32 on the
+kept batch (``fidelity``: a finite, wrong output that no NaN ever shows); a layer broken on half
+the batch, or beyond any rounding at two checks in a row, is a failure; then the kept batch's
+loss as the model runs against the same weights in float32 (``precision_loss``: rounding that
+costs the model what it learns, with every layer's own output within 1%). After every epoch: a
+non-finite validation loss, and (``float32_check=``, off by default: it costs two evaluations)
+the same judgement on the check's data.
 
 A repair is one trip, sized by what the failing batch shows (``repairs``): restore the last
-snapshot; move every layer whose output is non-finite, every layer that disagrees with
-float32, and every layer whose backward pass overflows even at the loss scale's floor (unless
-that would take most of the model), each verified on the batch (``cause``, ``fidelity``);
-lower the floor (or a fixed scale) where gradients still overflow at it, or reset a scale that
-sat at its floor needlessly. When ``max_repairs`` trips are spent, or a failure shows
-nothing to repair twice, the last resort under mixed policies is every layer in float32; only
-after it (or under pure 16-bit policies, where it does not exist) does the guard stop the
-training with ``GuardError``. Under pure 16-bit policies (16-bit weights) a layer cannot move to
-float32 mid-training (its weights and their optimizer slots are 16-bit): the guard restores and
-rescales, and records the layer in ``guard.config`` so that the next training builds it in
-float32. A config whose dtype reaches (almost) no layer is an event at the start (reach).
+snapshot, move every layer the batch shows at fault (non-finite, disagreeing with float32, or
+overflowing backward even at the loss scale's floor), and for a precision failure those do not
+bring back the smallest set of layers whose float32 does (``float32_set``); lower the floor or
+reset a collapsed scale. A precision failure in the training's first ``EARLY`` share restarts
+it from its start. The last resort (mixed policies: every layer in float32) ends the watch;
+under pure 16-bit policies, where layers cannot move mid-training (the guard records them in
+``guard.config`` for next time), running out of repairs raises ``GuardError``. A config whose
+dtype reaches (almost) no layer is an event at the start.
 
 A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
 batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
@@ -40,23 +38,24 @@ from typing import Any
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import cause, fidelity, readings
-from tuner.apply.guard.repairs import GuardError, Repairs
+from tuner.apply.guard import cause, fidelity, precision_loss, readings
+from tuner.apply.guard.failures import Failure, Notice
+from tuner.apply.guard.repairs import Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
-from tuner.apply.guard.watch import LossSeries, SpikeWatch
+from tuner.apply.guard.watch import LossSeries, Spacing, SpikeWatch
 from tuner.apply.loss_scaling import current_loss_scale, loss_scale_kind
 from tuner.apply.reach import unreached_model
-
+from tuner.errors import GuardError
 
 __all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
 
 
-# The share of training time the per-layer float32 comparison may take (checks are spaced
-# out to keep within it).
+# The share of training time each check on the kept batch (the per-layer float32 comparison,
+# the loss against float32's) may take: checks are spaced out to keep within it.
 CHECK_BUDGET = 0.02
-# The float32 check's gap (as-is loss against all-float32 loss, either way round) that counts
-# as a failure when it holds two epochs running: the confirmation's level allowance (25%).
-FLOAT32_GAP = 1.25
+# A precision failure found within this share of the training restarts it from its start: the
+# weights learned so far learned to live with the rounding (and the start is kept till then).
+EARLY = 0.25
 
 
 class PrecisionGuard(Repairs, keras.callbacks.Callback):
@@ -96,21 +95,19 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._spikes = SpikeWatch(sigmas=self.spike_sigmas)
         self._losses = LossSeries()
         self._snapshot: Snapshot | None = None
-        self._step = 0               # steps trained in this fit
-        self._epoch_base = 0         # steps before this epoch
-        self._epoch = 0
-        self._iterations = 0
-        self._skipped_run = 0
-        self._skipped_epoch = 0
-        self._floor_steps = 0
-        self._last_check = 0
-        self._last_check_time = 0.0
-        self._check_seconds = 0.0   # what the last comparison took
+        self._step = self._epoch_base = 0   # steps trained in this fit, before this epoch
+        self._epoch = self._iterations = self._skipped_run = 0
+        self._skipped_epoch = self._floor_steps = 0
+        self._layer_checks = Spacing(self.check_every, CHECK_BUDGET)
+        self._loss_checks = Spacing(self.check_every, CHECK_BUDGET)
         self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
-        self._gap_epochs = 0                  # epochs in a row the float32 check was off
+        self._float32_check = precision_loss.Float32CheckWatch()
+        self._loss_gap = precision_loss.LossGapWatch()
         self._found_nothing = 0
         self._fitted_at, self._fitted = -1, None   # _fitting_scale's answer at a step
         self._tried: list[str] = []
+        self._start: Snapshot | None = None
+        self._settled = False   # after the last resort: a float32 training, not watched
 
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
@@ -129,9 +126,11 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
                                     else self.config.loss_scale.floor))
         self._iterations = readings.iterations(self.model)
         self._take_snapshot()
+        self._start = self._snapshot   # kept through the training's first EARLY share
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
-            self._record("precision_unreached", unreached, None, "nothing to repair", "no 16-bit layer")
+            self._record(Notice.PRECISION_UNREACHED, unreached, None, "nothing to repair",
+                         "no 16-bit layer")
 
     def on_train_end(self, logs=None) -> None:
         self._close()
@@ -143,6 +142,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._losses.reset()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._settled:
+            return
         logs = logs or {}
         before = self._step
         self._step = self._epoch_base + int(batch) + 1
@@ -155,13 +156,15 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._skipped_run = self._skipped_run + skipped if skipped else 0
         loss = self._step_loss(logs)
         kind, seen = self._check_step(loss)
-        if kind is None and self._check_due(at_epoch_end=False):
-            kind, seen = self._check_layers()
+        if kind is None:
+            kind, seen = self._check_batch(at_epoch_end=False)
         if kind is not None:
             self._trip(kind, seen)
         elif self._snapshot is None or not self._snapshot.complete \
                 or self._step - self._snapshot.step >= self.snapshot_every:
             self._take_snapshot()
+        if self._start is not None and not self._early():
+            self._start = None
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs or {}
@@ -172,91 +175,85 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             figures.update(readings.evaluate_as_is_and_in_float32(self.model,
                                                                   self.float32_check))
         self.history.append(figures)
+        if self._settled:
+            return
         val = figures["val_loss"]
         if val is not None and not math.isfinite(val):
-            self._trip("val_non_finite", f"validation loss {val}")
+            self._trip(Failure.VAL_NON_FINITE, f"validation loss {val}")
             return
         if self.float32_check is not None:
-            kind, seen = self._judge_float32_check(figures)
-            if kind is not None:
-                self._trip(kind, seen)
+            seen = self._float32_check.judge(figures["check_loss"], figures["check_loss_float32"])
+            if seen is not None:
+                self._trip(Failure.FLOAT32_GAP, seen)
                 return
-        if self._check_due(at_epoch_end=True):
-            kind, seen = self._check_layers()
-            if kind is not None:
-                self._trip(kind, seen)
+        kind, seen = self._check_batch(at_epoch_end=True)
+        if kind is not None:
+            self._trip(kind, seen)
+
+    def _early(self) -> bool:
+        """Within the first ``EARLY`` of the training's steps (the first epoch where fit does
+        not know how many steps an epoch has)."""
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        if not epochs or not steps:
+            return self._epoch == 0
+        return self._step <= EARLY * epochs * steps
 
     # -- checks ------------------------------------------------------------------------------
-    def _check_step(self, loss: float | None) -> tuple[str | None, str]:
+    def _check_step(self, loss: float | None) -> tuple[Failure | None, str]:
         if loss is not None and not math.isfinite(loss):
-            return "non_finite_loss", f"loss {loss}"
+            return Failure.NON_FINITE_LOSS, f"loss {loss}"
         scale = self._scale()
         at_floor = scale is not None and self._dynamic() and scale <= self._floor
         self._floor_steps = self._floor_steps + 1 if at_floor else 0
         if at_floor and self._skipped_run >= 3:
-            return "scale_at_floor", (f"loss scale {scale:g} at its floor {self._floor:g} and "
-                                      f"{self._skipped_run} updates skipped there")
+            return Failure.SCALE_AT_FLOOR, (f"loss scale {scale:g} at its floor {self._floor:g} "
+                                            f"and {self._skipped_run} updates skipped there")
         # Collapsed: at its floor though the kept batch fits higher (none under tf.distribute).
         if at_floor and self._floor_steps == self.max_skipped and self._batch() is not None \
                 and self._collapsed():
-            return "scale_collapsed", (f"loss scale {scale:g} at its floor for "
-                                       f"{self._floor_steps} steps, though the batch's gradients "
-                                       f"fit float16 at {self._fitting_scale():g}")
+            return Failure.SCALE_COLLAPSED, (f"loss scale {scale:g} at its floor for "
+                                             f"{self._floor_steps} steps, though the batch's "
+                                             f"gradients fit float16 at {self._fitting_scale():g}")
         if self._skipped_run >= self.max_skipped:
-            return "skipped_updates", f"{self._skipped_run} updates skipped in a row"
+            return Failure.SKIPPED_UPDATES, f"{self._skipped_run} updates skipped in a row"
         if loss is not None and self._spikes.is_spike(loss):
-            return "loss_spike", (f"loss {loss:.4g} above the recent level's bar "
-                                  f"{self._spikes.threshold():.4g}")
+            return Failure.LOSS_SPIKE, (f"loss {loss:.4g} above the recent level's bar "
+                                        f"{self._spikes.threshold():.4g}")
         return None, ""
 
-    def _check_due(self, at_epoch_end: bool) -> bool:
-        """Every ``check_every`` steps and at each epoch's end, within the cost budget: the
-        comparison never takes more than ``CHECK_BUDGET`` of the time since the last one (a
-        tiny model's epochs last less than a check)."""
-        if self.check_every is None or self._step == self._last_check:
-            return False
-        if time.perf_counter() - self._last_check_time < self._check_seconds / CHECK_BUDGET:
-            return False
-        return at_epoch_end or self._step - self._last_check >= self.check_every
-
-    def _check_layers(self) -> tuple[str | None, str]:
-        """The per-layer float32 comparison on the kept batch: a layer broken on at least half
-        the batch, or beyond any rounding at two checks in a row, is a silent failure."""
-        started = time.perf_counter()
-        try:
-            return self._compare_layers()
-        finally:
-            self._last_check, self._last_check_time = self._step, time.perf_counter()
-            self._check_seconds = self._last_check_time - started
-
-    def _compare_layers(self) -> tuple[str | None, str]:
-        batch = self._batch()
-        if batch is None or self.config.compute_dtype == "float32":
+    def _check_batch(self, at_epoch_end: bool) -> tuple[Failure | None, str]:
+        """The checks on the kept batch, each when due (``watch.Spacing``): each 16-bit layer
+        against float32, then the model's loss against float32's."""
+        if self._batch() is None or self.config.compute_dtype == "float32":
             return None, ""
+        for spacing, check in ((self._layer_checks, self._compare_layers),
+                               (self._loss_checks, self._compare_loss)):
+            started = time.perf_counter()
+            if spacing.due(self._step, at_epoch_end, started):
+                try:
+                    kind, seen = check(self._batch())
+                finally:
+                    spacing.ran(self._step, started, time.perf_counter())
+                if kind is not None:
+                    return kind, seen
+        return None, ""
+
+    def _compare_layers(self, batch) -> tuple[Failure | None, str]:
+        """A layer broken on at least half the batch, or beyond any rounding at two checks in
+        a row, is a silent failure."""
         x = keras.utils.unpack_x_y_sample_weight(batch)[0]
         found = [item for item in fidelity.compare_layers(self.model, x)
                  if item.layer not in self.config.float32.layers]
         self._suspects = {item.layer: self._suspects.get(item.layer, 0) + 1 for item in found}
         lasting = [item for item in found
                    if item.broken >= 0.5 or self._suspects[item.layer] >= 2]
-        if not lasting:
-            return None, ""
-        return "silent_layer", "; ".join(item.describe() for item in lasting)
+        if lasting:
+            return Failure.SILENT_LAYER, "; ".join(item.describe() for item in lasting)
+        return None, ""
 
-    def _judge_float32_check(self, figures: dict) -> tuple[str | None, str]:
-        as_is, in_float32 = figures["check_loss"], figures["check_loss_float32"]
-        if not (math.isfinite(in_float32) and in_float32 > 0):
-            self._gap_epochs = 0
-            return None, ""
-        gap = max(as_is / in_float32, in_float32 / as_is) if math.isfinite(as_is) \
-            and as_is > 0 else math.inf
-        self._gap_epochs = self._gap_epochs + 1 if gap > FLOAT32_GAP else 0
-        if self._gap_epochs < 2:
-            return None, ""
-        self._gap_epochs = 0
-        return "float32_gap", (f"the float32 check's loss is {as_is:.4g} as the model runs and "
-                               f"{in_float32:.4g} with every layer in float32 ({gap:.3g}x "
-                               f"apart, two epochs running; allowed {FLOAT32_GAP:g}x)")
+    def _compare_loss(self, batch) -> tuple[Failure | None, str]:
+        seen = self._loss_gap.check(self.model, batch)
+        return (Failure.PRECISION_LOSS, seen) if seen else (None, "")
 
     # -- repairing ---------------------------------------------------------------------------
     def _record(self, kind: str, seen: str, layer: str | None, action: str, why: str) -> None:

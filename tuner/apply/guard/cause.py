@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -25,6 +26,8 @@ from tuner.apply.instruments import first_non_finite, non_finite, traced_step
 from tuner.apply.layers import layer_paths
 from tuner.apply.scope import Float32Placer
 
+
+FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch fits
 
 
 @dataclass
@@ -90,6 +93,31 @@ def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
     return found
 
 
+def scale_below(model: keras.Model, batch: Any, ceiling: float) -> float | None:
+    """Gradients overflow float16 at ``ceiling`` (a loss in the billions): the largest
+    power-of-two scale below it, down to 2^-30 of it, at which the batch's backward pass is
+    finite, with room (one batch's largest gradient is not all batches')."""
+    high = math.floor(math.log2(ceiling)) - 1
+    fitting = largest_fitting_scale(model, batch, high - 30, high)
+    return None if fitting is None else fitting / 2.0**FLOOR_HEADROOM
+
+
+def largest_fitting_scale(model: keras.Model, batch: Any, low: int, high: int) -> float | None:
+    """The largest ``2^e`` for ``low <= e <= high`` at which the batch's backward pass is
+    finite (bisected: a scale that overflows overflows above too), None if none is."""
+    if probe(model, batch, 2.0**low).failing:
+        return None
+    if not probe(model, batch, 2.0**high).failing:
+        return 2.0**high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if probe(model, batch, 2.0**middle).failing:
+            high = middle
+        else:
+            low = middle
+    return 2.0**low
+
+
 def _backward_culprit(captured: list, output_grads: list, weight_grads: dict) -> str | None:
     """Going back from the loss: a layer whose weight gradients are non-finite while the
     gradient reaching its output is finite made them so; a non-finite gradient at a layer's
@@ -110,6 +138,12 @@ def find_layer(model: keras.Model, path: str) -> keras.layers.Layer | None:
 def place_in_float32(model: keras.Model, config: ConfigData, path: str) -> list:
     """Move the layer at ``path`` (and what it contains) to float32 compute; returns the
     ``(layer, previous policy)`` pairs it changed, for ``undo``."""
+    if path == model.name and model.dtype_policy.name != "float32":
+        # The model itself: its own call casts the inputs to its compute dtype (a subclassed
+        # model's features rounded to bfloat16 before the first layer sees them).
+        changed = [(model, model.dtype_policy)]
+        model.dtype_policy = keras.DTypePolicy("float32")
+        return changed
     layer = find_layer(model, path)
     if layer is None:
         return []

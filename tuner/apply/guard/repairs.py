@@ -4,7 +4,10 @@ failing batch shows (``_trip``: every layer whose output is non-finite, disagree
 or whose backward pass overflows even at the loss scale's floor, moved to float32 and verified;
 the floor, or a fixed scale, lowered where gradients still overflow at it, or where moving
 layers would take most of the model; a collapsed scale reset to the largest the batch fits),
-the last resort (every layer in float32), and ``GuardError`` after it.
+a precision failure those do not bring back answered by the smallest set of layers whose
+float32 brings the model's output back (``precision_loss``), the last resort (every layer in
+float32: it ends the watch, the training goes on as a float32 one), and ``GuardError`` where no
+last resort exists (pure 16-bit policies).
 """
 
 from __future__ import annotations
@@ -14,13 +17,12 @@ import math
 
 import keras
 
-from tuner.apply.guard import cause, fidelity, readings, report
+from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, report
+from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.state import Snapshot
+from tuner.apply.guard.watch import SpikeWatch
 from tuner.apply.layers import layer_paths
-from tuner.errors import TunerError
-
-_FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch fits
-SCALE_KINDS = ("scale_at_floor", "scale_collapsed", "skipped_updates")
+from tuner.errors import GuardError
 
 
 def _sixteen_bit(model: keras.Model) -> int:
@@ -28,15 +30,15 @@ def _sixteen_bit(model: keras.Model) -> int:
                if layer.compute_dtype in fidelity.SIXTEEN_BIT and layer.weights)
 
 
-class GuardError(TunerError):
-    """The guard ran out of repairs; its message says what it saw and tried."""
-
-
 class Repairs:
     """What a trip does; mixed into ``PrecisionGuard``."""
 
-    def _trip(self, kind: str, seen: str) -> None:
-        model, batch = self.model, self._batch()
+    def _trip(self, kind: Failure, seen: str) -> None:
+        kind, model, batch = Failure(kind), self.model, self._batch()
+        if kind.of_precision and self._start is not None:
+            # Early on, the training so far is thrown away: its weights learned to live with
+            # the rounding (the float32 layers would start from weights fitted to it).
+            self._snapshot, self._start = self._start, None
         restored = self._snapshot.step if self._snapshot else None
         if batch is not None and cause.data_non_finite(batch):
             if self._snapshot is not None:  # a data fault: it spends no precision repair
@@ -76,7 +78,7 @@ class Repairs:
                                "optimizer's step or state overflowed; under a pure policy, "
                                "try a larger optimizer epsilon or keep the optimizer state in "
                                "float32)")
-            elif found is not None and not found.failing and kind != "silent_layer":
+            elif found is not None and not found.failing and not kind.of_precision:
                 actions.append("went on (nothing non-finite on the batch: not a precision "
                                "failure there)")
             else:
@@ -92,12 +94,14 @@ class Repairs:
         self.model.reset_metrics()
         self._iterations = readings.iterations(self.model)  # the snapshot's count
         self._losses.reset()
+        if restored is not None:   # the loss goes back to the snapshot's level: learn it anew
+            self._spikes = SpikeWatch(sigmas=self.spike_sigmas)
         self._skipped_run = 0
         self._suspects = {}
         self._tried.append(action)
         self._record(kind, seen, layer, action, why)
 
-    def _repair_layers(self, kind: str, found, batch) -> tuple[list[str], list[str]]:
+    def _repair_layers(self, kind: Failure, found, batch) -> tuple[list[str], list[str]]:
         """Every layer the batch shows failing, on the failing state: non-finite outputs (one
         after another: moving one lets the next show), outputs that disagree with float32, and
         backward passes that overflow where no loss scale helps. Returns the layers and what
@@ -140,6 +144,8 @@ class Repairs:
                 cause.undo(changed)
                 moved.remove(layer)
         moved += self._move_disagreeing(x, moved, actions)
+        if kind.of_precision:
+            moved += self._move_smallest_set(batch, actions)
         if moved:
             self._amend(tuple(moved))
             self._retrace()
@@ -165,25 +171,42 @@ class Repairs:
                        "left as they were")
         return []
 
-    def _repair_scale(self, kind: str, batch):
+    def _move_smallest_set(self, batch, actions: list[str]) -> list[str]:
+        """A precision failure that the layers moved so far did not bring back (the batch's
+        loss still apart from float32's): the smallest set of layers whose float32 takes the
+        model's output back to float32's (``precision_loss``), moved together. The layers at
+        fault are often not those whose output disagrees: a stream's offset rounded away in
+        the stem and the additions shows only in the norm or head that subtracts it."""
+        loss = precision_loss.batch_loss(self.model, batch)
+        if loss is not None and loss.apart <= precision_loss.GAP:
+            return []
+        found = float32_set.smallest_float32_set(self.model, self.config, batch)
+        if found is None:
+            return []
+        for name in found.layers:
+            cause.place_in_float32(self.model, self.config, name)
+        actions.append(f"searched for the cause: {found.describe()}")
+        return list(found.layers)
+
+    def _repair_scale(self, kind: Failure, batch):
         """What to do to the loss scale, decided on the failing state and done after the
         restore (which puts the snapshot's scale back): a callable, or None. Gradients that
         overflow even at a dynamic scale's floor lower the floor; a fixed scale they overflow
         at is lowered; a dynamic scale otherwise restarts (a collapsed one at the largest scale
         the batch fits)."""
-        if not self._scaled() or kind not in SCALE_KINDS:
+        if not self._scaled() or not kind.of_the_scale:
             return None
         fixed = not self._dynamic()
-        if batch is not None and kind != "scale_collapsed":
+        if batch is not None and kind is not Failure.SCALE_COLLAPSED:
             ceiling = self._scale() if fixed else self._floor
             still = cause.probe(self.model, batch, ceiling)
             if still.backward is not None and not still.failing_forward:
-                lowered = self._scale_below(batch, ceiling)
+                lowered = cause.scale_below(self.model, batch, ceiling)
                 if lowered is not None:
                     return lambda: self._set_scale(lowered, fixed)
         if fixed:
             return None
-        fitting = self._fitting_scale() if kind == "scale_collapsed" else None
+        fitting = self._fitting_scale() if kind is Failure.SCALE_COLLAPSED else None
         initial = fitting if fitting is not None and fitting > self._floor \
             else self.config.loss_scale.initial_scale
 
@@ -194,33 +217,10 @@ class Repairs:
 
         return reset
 
-    def _scale_below(self, batch, ceiling: float) -> float | None:
-        """Gradients overflow float16 at ``ceiling`` (a loss in the billions): the largest
-        power-of-two scale below it, down to 2^-30 of it, at which the batch's backward pass
-        is finite, with room (one batch's largest gradient is not all batches')."""
-        high = math.floor(math.log2(ceiling)) - 1
-        fitting = self._largest_fitting(batch, high - 30, high)
-        return None if fitting is None else fitting / 2.0**_FLOOR_HEADROOM
-
-    def _largest_fitting(self, batch, low: int, high: int) -> float | None:
-        """The largest ``2^e`` for ``low <= e <= high`` at which the batch's backward pass is
-        finite (bisected: a scale that overflows overflows above too), None if none is."""
-        if cause.probe(self.model, batch, 2.0**low).failing:
-            return None
-        if not cause.probe(self.model, batch, 2.0**high).failing:
-            return 2.0**high
-        while high - low > 1:
-            middle = (low + high) // 2
-            if cause.probe(self.model, batch, 2.0**middle).failing:
-                high = middle
-            else:
-                low = middle
-        return 2.0**low
-
     def _set_scale(self, scale: float, fixed: bool) -> str:
         """A fixed scale to ``scale``; a dynamic one's floor to ``scale`` and the scale itself
         to where the batch fits (the headroom above the floor)."""
-        self._optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**_FLOOR_HEADROOM)
+        self._optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**cause.FLOOR_HEADROOM)
         self._optimizer.step_counter.assign(0)
         loss_scale = self.config.loss_scale
         if fixed:
@@ -245,6 +245,7 @@ class Repairs:
             self._snapshot.restore(self.model)
         cause.whole_model_float32(self.model)
         self._retrace()
+        self._settled = True   # float32 from here: nothing of 16 bits is left to watch
         self.config = dataclasses.replace(self.config, policy="float32",
                                           loss_scale=type(self.config.loss_scale)(),
                                           weight_update="nearest")
@@ -257,7 +258,7 @@ class Repairs:
         message = (f"precision guard: {seen} at epoch {self._epoch + 1} step {self._step} after "
                    f"{self.repairs} repairs (tried: {'; '.join(self._tried) or 'nothing'}); "
                    "stopping. Train with guard.config, or in float32.")
-        self._record("gave_up", seen, None, "stopped the training", message)
+        self._record(Notice.GAVE_UP, seen, None, "stopped the training", message)
         self._close()
         raise GuardError(message)
 
@@ -269,7 +270,7 @@ class Repairs:
         """Does the scale sit at its floor needlessly? It does if the batch's backward pass is
         finite at a scale 2^4 above the floor or more (``_fitting_scale``)."""
         fitting = self._fitting_scale()
-        return fitting is None or fitting >= self._floor * 2.0**_FLOOR_HEADROOM
+        return fitting is None or fitting >= self._floor * 2.0**cause.FLOOR_HEADROOM
 
     def _fitting_scale(self) -> float | None:
         """The largest power-of-two scale from the floor up to the initial one at which the
@@ -281,8 +282,8 @@ class Repairs:
         if self._fitted_at != self._step:
             state = Snapshot(self.model, self._step)
             try:
-                fitting = self._largest_fitting(
-                    batch, math.floor(math.log2(self._floor)),
+                fitting = cause.largest_fitting_scale(
+                    self.model, batch, math.floor(math.log2(self._floor)),
                     math.floor(math.log2(self.config.loss_scale.initial_scale)))
             finally:
                 state.restore(self.model)

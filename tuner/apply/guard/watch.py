@@ -69,3 +69,29 @@ class SpikeWatch:
             return True
         self._logs.append(math.log(loss))
         return False
+
+
+class Spacing:
+    """When a check on the kept batch is due: every ``every`` steps and at each epoch's end,
+    and never sooner than its last cost allows (it takes at most ``budget`` of the time between
+    two checks: a tiny model's epochs last less than a check). The first check's cost does not
+    count: it pays for Keras's eager call paths once. ``every=None``: never."""
+
+    def __init__(self, every: int | None, budget: float) -> None:
+        self.every, self.budget = every, budget
+        self._runs = 0
+        self._step = 0
+        self._ended = 0.0
+        self._seconds = 0.0   # what the last check took
+
+    def due(self, step: int, at_epoch_end: bool, now: float) -> bool:
+        if self.every is None or step == self._step:
+            return False
+        if now - self._ended < self._seconds / self.budget:
+            return False
+        return at_epoch_end or step - self._step >= self.every
+
+    def ran(self, step: int, started: float, ended: float) -> None:
+        self._seconds = ended - started if self._runs else 0.0
+        self._runs += 1
+        self._step, self._ended = step, ended
