@@ -72,6 +72,7 @@ def test_under_xla_the_head_is_named_and_the_config_keeps_mixed_float16():
     config = _float16(1e-6)
     _, unguarded, _ = _fit(task, config, epochs=30, guard=False, jit_compile=True)
     model, guarded, watcher = _fit(task, config, epochs=30, guard=True, jit_compile=True)
+    assert model.jit_compile is True   # Keras drops XLA silently (op determinism, a layer)
     assert not math.isfinite(unguarded[-1])
     assert guarded[-1] <= 1.5 * float32[-1]
     assert watcher.events[0]["layer"] == "price"
@@ -226,6 +227,7 @@ def test_a_healthy_mixed_float16_training_is_the_same_bit_for_bit(jit_compile):
             model = _healthy_model()
         model.compile(optimizer=config.wrap_optimizer(keras.optimizers.Adam(1e-3)), loss="mse",
                       jit_compile=jit_compile, **config.compile_kwargs())
+        assert model.jit_compile is jit_compile   # XLA on where asked: Keras can drop it
         watcher = config.guard(snapshot_every=7, check_every=20) if guard else None
         history = model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0,
                             validation_data=(x[:256], y[:256]),

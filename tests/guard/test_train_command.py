@@ -107,16 +107,26 @@ def test_a_task_without_labels_or_validation_is_judged_on_its_training_loss(tmp_
 
 
 def test_a_failing_config_run_stops_the_float32_run(tmp_path):
+    """The model fails to build under the config's 16-bit policy only: the float32 run beside
+    it would train all 200 epochs, and must be stopped instead."""
     task = tmp_path / "breaks.py"
-    task.write_text(UNLABELLED.replace("def build_model():\n    return Reconstruct()",
-                                       "def build_model():\n    raise RuntimeError('no model')"))
+    task.write_text(UNLABELLED.replace(
+        "def build_model():\n    return Reconstruct()",
+        "def build_model():\n"
+        "    if keras.config.dtype_policy().name != 'float32':\n"
+        "        raise RuntimeError('no model in 16 bits')\n"
+        "    return Reconstruct()"))
     config = tmp_path / "bf16.json"
     config.write_text('{"policy": "mixed_bfloat16"}')
     done = _cli("train", str(task), "--config", str(config), "--epochs", "200",
                 "--against", "float32", "--run-dir", str(tmp_path / "run"))
     assert done.returncode != 0
-    assert "training of breaks.py failed" in done.stderr and "no model" in done.stderr
+    assert "config training of breaks.py failed" in done.stderr
+    assert "no model in 16 bits" in done.stderr and "float32 training was stopped" in done.stderr
     assert done.stderr.strip().count("\n") == 0
+    epochs = [int(line.split("epoch")[1].split(":")[0]) for line in done.stdout.splitlines()
+              if line.strip().startswith("float32") and "epoch" in line]
+    assert not epochs or max(epochs) < 200, max(epochs)   # stopped, not trained to the end
 
 
 def test_train_says_when_the_config_reaches_no_layer(tmp_path):
