@@ -34,7 +34,7 @@ with cfg.scope():                         # policy, floatx, epsilon, float32 lay
                   loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
     guard = cfg.guard()                   # watches the whole training, repairs it if needed
     model.fit(x, y, epochs=2, callbacks=[guard])
-guard.events                              # what it saw and did, one dict per event
+guard.events                              # what it saw and did, one GuardEvent per event
 guard.config.save("repaired.json", overwrite=True)   # the config with its repairs
 
 print(f"applied {cfg.describe()}: {len(guard.events)} guard events, final loss "

@@ -74,13 +74,15 @@ for guarded in (False, True):
     model.fit(bad, y, batch_size=128, epochs=1, shuffle=False, verbose=0,
               callbacks=[guard] if guarded else [])
     finite = all(np.isfinite(w).all() for w in model.get_weights())
-    found["nan", guarded] = {"finite": bool(finite), "events": guard.events}
+    found["nan", guarded] = {"finite": bool(finite),
+                            "events": [event.to_dict() for event in guard.events]}
 
 targets = (x @ rng.normal(size=16) * 3e4).astype("float32")   # past float16's range
 model = build(head=lambda h: keras.layers.Dense(1, name="price")(h), lr=0.1, loss="mse")
 guard = cfg.guard(max_repairs=1, verbose=0)
 history = model.fit(x, targets, batch_size=128, epochs=12, verbose=0, callbacks=[guard])
-found["overflow"] = {"events": guard.events, "policy": guard.config.policy,
+found["overflow"] = {"events": [event.to_dict() for event in guard.events],
+                     "policy": guard.config.policy,
                      "layers": [layer.dtype_policy.name for layer in model.layers[1:]],
                      "last_loss": history.history["loss"][-1]}
 
@@ -121,7 +123,7 @@ def test_a_config_and_its_guard_under_mirrored_strategy_over_two_devices(tmp_pat
     assert guarded["finite"] and guarded["events"]
     event = guarded["events"][0]
     assert event["kind"] == "non_finite_loss" and event["action"].startswith("restored step")
-    assert event["cause"] == "no batch to diagnose on" and event["layer"] is None
+    assert event["cause"] == "no batch to diagnose on" and event["layers"] == []
     # A loss scale that keeps collapsing: one repair, then every layer in float32.
     overflow = found["overflow"]
     assert "every layer to float32" in overflow["events"][-1]["action"]

@@ -69,7 +69,7 @@ def test_the_cli_reference_holds_every_command_and_flag_of_the_parser(site):
 def test_the_api_reference_is_generated_from_the_docstrings(site):
     page = _text(site / "reference" / "api" / "index.html")
     for name in ("PrecisionConfig", "wrap_optimizer", "PrecisionGuard", "GuardError",
-                 "TuneResult", "load_result"):
+                 "GuardEvent", "TuneResult", "load_result"):
         assert name in page, name
     from tuner import PrecisionConfig
 

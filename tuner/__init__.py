@@ -34,6 +34,7 @@ _WHERE = {
     "tune": "tuner.api.run", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
     "load_result": "tuner.api.result",
     "PrecisionGuard": "tuner.apply.guard.callback", "GuardError": "tuner.errors",
+    "GuardEvent": "tuner.apply.guard.events",
 }
 __all__ = [*_WHERE, "__version__"]
 __getattr__, __dir__ = lazy_names(globals(), _WHERE)

@@ -70,10 +70,10 @@ def test_an_overflowing_float16_head_trains_to_float32s_loss_under_the_guard(hou
     assert not (unguarded_val <= 1.5 * float32_val)  # the failure, without the guard
     assert history["val_loss"][-1] <= 1.5 * float32_val
     assert all(math.isfinite(v) for v in history["val_loss"])
-    assert "price" in [event["layer"] for event in guard.events]
+    assert any("price" in event.layers for event in guard.events)
     assert "price" in guard.config.float32.layers
     for event in guard.events:
-        assert {"epoch", "step", "kind", "layer", "action"} <= set(event)
+        assert {"epoch", "step", "kind", "layers", "action"} <= set(event.to_dict())
 
 
 def test_the_amended_config_round_trips_and_starts_the_next_training_repaired(houses, tmp_path):
@@ -132,8 +132,8 @@ def test_a_nan_injected_mid_training_is_survived_with_the_weights_restored(guard
         return
     assert finite and history["loss"][-1] < history["loss"][0]
     event = watcher.events[0]
-    assert event["kind"] == "non_finite_loss" and event["epoch"] == 2 and event["step"] == 40
-    assert event["action"].startswith("restored step 30")
+    assert event.kind == "non_finite_loss" and event.epoch == 2 and event.step == 40
+    assert event.action.startswith("restored step 30")
     assert watcher.config == config  # not a precision fault: nothing placed
 
 
@@ -177,8 +177,8 @@ def test_a_collapsed_loss_scale_is_reset(guard):
     # The last snapshot before the trip holds the collapsed scale: only the reset brings it up,
     # to the largest power of two the batch's gradients fit (2^15 overflows this model's).
     assert scale >= 2.0**8 * FLOAT16.loss_scale.floor
-    assert [event["kind"] for event in watcher.events] == ["scale_collapsed"]
-    assert "loss scale reset" in watcher.events[0]["action"]
+    assert [event.kind for event in watcher.events] == ["scale_collapsed"]
+    assert "loss scale reset" in watcher.events[0].action
 
 
 # -- a healthy training is untouched ------------------------------------------------------------
@@ -222,6 +222,6 @@ def test_kerass_own_mixed_float16_overflow_is_named_at_the_head_and_repaired(hou
     assert not math.isfinite(runs[False][0][-1])  # inf, then nan, to the end
     val_losses, watcher = runs[True]
     assert val_losses[-1] <= 1.5 * float32_val
-    overflow = [event for event in watcher.events if event["kind"] == "non_finite_loss"]
-    assert overflow and overflow[0]["layer"] == "price" and overflow[0]["epoch"] > 2
-    assert "moved price to float32" in overflow[0]["action"]
+    overflow = [event for event in watcher.events if event.kind == "non_finite_loss"]
+    assert overflow and overflow[0].layers == ("price",) and overflow[0].epoch > 2
+    assert "moved price to float32" in overflow[0].action

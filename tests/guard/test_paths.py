@@ -67,8 +67,8 @@ def test_a_loss_spike_is_undone_by_a_restore(guard):
         assert not last < history["loss"][0]
         return
     assert last < 0.5 * history["loss"][0]
-    assert [event["kind"] for event in watcher.events] == ["loss_spike"]
-    assert watcher.events[0]["step"] == 40 and "restored step 30" in watcher.events[0]["action"]
+    assert [event.kind for event in watcher.events] == ["loss_spike"]
+    assert watcher.events[0].step == 40 and "restored step 30" in watcher.events[0].action
     assert watcher.config == BFLOAT16
 
 
@@ -102,8 +102,8 @@ def test_a_non_finite_validation_loss_is_undone(guard):
         return
     assert math.isfinite(history["val_loss"][-1])
     event = watcher.events[0]
-    assert [e["kind"] for e in watcher.events] == ["val_non_finite"] and event["epoch"] == 4
-    assert "restored step 50" in event["action"]  # the step-100 snapshot held the inf
+    assert [e.kind for e in watcher.events] == ["val_non_finite"] and event.epoch == 4
+    assert "restored step 50" in event.action  # the step-100 snapshot held the inf
 
 
 def test_a_fixed_scale_every_gradient_overflows_at_is_lowered():
@@ -115,8 +115,8 @@ def test_a_fixed_scale_every_gradient_overflows_at_is_lowered():
     unguarded, guarded = runs[False][1], runs[True][1]
     assert int(runs[False][0].optimizer.iterations.numpy()) == 0  # every update skipped
     watcher = runs[True][2]
-    assert watcher.events[0]["kind"] == "skipped_updates"
-    assert "fixed loss scale lowered" in watcher.events[0]["action"]
+    assert watcher.events[0].kind == "skipped_updates"
+    assert "fixed loss scale lowered" in watcher.events[0].action
     assert watcher.config.loss_scale.kind == "fixed" and watcher.config.loss_scale.value < 1.0
     assert watcher.config.policy == "mixed_float16"
     assert int(runs[True][0].optimizer.iterations.numpy()) > 0
@@ -134,7 +134,7 @@ def test_nan_in_the_targets_is_the_datas_fault(guard):
         assert not finite
         return
     assert finite and len(watcher.events) == 3  # one skip an epoch, and no GuardError
-    assert all("not precision" in event["action"] for event in watcher.events)
+    assert all("not precision" in event.action for event in watcher.events)
     assert watcher.repairs == 0 and watcher.config == BFLOAT16
 
 
@@ -157,8 +157,8 @@ def test_pure_float16_records_the_layers_for_next_time_and_stops_without_a_last_
     with pytest.raises(GuardError, match="Train with guard.config"):
         model.fit(*task.train_data(), batch_size=64, epochs=3, shuffle=False, verbose=0,
                   callbacks=[guard])
-    assert "cannot move" in guard.events[0]["action"] and guard.events[-1]["kind"] == "gave_up"
-    assert not any("last resort" in event["action"] for event in guard.events)
+    assert "cannot move" in guard.events[0].action and guard.events[-1].kind == "gave_up"
+    assert not any("last resort" in event.action for event in guard.events)
     assert set(guard.config.float32.layers) == {f"norm_{index}" for index in range(4)}
     assert guard.config.policy == "float16"
     assert not getattr(model.train_function, "_precision_guard", False)

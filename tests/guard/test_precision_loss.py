@@ -50,10 +50,10 @@ def test_precision_loss_is_found_at_its_cause_and_the_policy_kept(runs):
     assert all(math.isfinite(value) for value in unguarded)  # nothing non-finite ...
     assert unguarded[-1] > 3 * float32                      # ... and it learns far less
     assert guarded[-1] <= 1.5 * float32, (guarded[-1], float32)
-    assert [event["kind"] for event in watcher.events] == ["precision_loss"]
-    named = set(watcher.events[0]["layer"].split(", "))
+    assert [event.kind for event in watcher.events] == ["precision_loss"]
+    named = set(watcher.events[0].layers)
     assert CASES[name] <= named, named
-    assert "last resort" not in watcher.events[0]["action"]
+    assert "last resort" not in watcher.events[0].action
     assert watcher.config.policy == "mixed_bfloat16"
     assert CASES[name] <= set(watcher.config.float32.layers)
     # the rest of the model stays 16-bit: the set found is small, not the whole model

@@ -1,14 +1,17 @@
 """The guard's parts as plain rules: the search for the smallest set of layers (halving and
 elimination on a predicate), the spacing of checks by their cost, the loss gap either way
-round, and the failure kinds as a documented enum."""
+round, the failure kinds as a documented enum, and the typed event."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from tuner.apply.guard import failures, float32_set
+from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Failure
 from tuner.apply.guard.float32_set import _Search
 from tuner.apply.guard.precision_loss import BatchLoss
@@ -76,3 +79,16 @@ def test_every_failure_kind_is_documented_and_classified():
         Failure.SCALE_AT_FLOOR, Failure.SCALE_COLLAPSED, Failure.SKIPPED_UPDATES}
     assert Failure.PRECISION_LOSS.of_precision and not Failure.LOSS_SPIKE.of_precision
     assert Failure("precision_loss") == "precision_loss"   # events stay plain strings
+
+
+def test_an_event_is_typed_in_memory_and_plain_data_on_disk():
+    event = GuardEvent(2, 40, Failure.PRECISION_LOSS, "seen", ["stem", "add_0"], "why", "moved")
+    assert event.layers == ("stem", "add_0") and type(event.kind) is str
+    data = json.loads(json.dumps(event.to_dict()))
+    assert data == {"epoch": 2, "step": 40, "kind": "precision_loss", "seen": "seen",
+                    "layers": ["stem", "add_0"], "cause": "why", "action": "moved"}
+    assert GuardEvent(**data) == event
+    assert event.line().startswith("precision guard: epoch 2 step 40: seen [precision_loss]")
+    # every guard page kind is the enum's: the page and the module say the same
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "guard.md").read_text()
+    assert all(f"`{kind.value}`" in page for kind in [*Failure, *failures.Notice])

@@ -34,7 +34,7 @@ def test_train_against_float32_writes_the_verdict_events_and_amended_config(tmp_
     mine, base = (record["runs"][name]["val_loss"][-3:] for name in ("config", "float32"))
     assert sum(mine) / sum(base) <= 1.25  # judged on the figures, not on the product's word
     assert record["verdict"]["measure"] == "val_loss" and record["verdict"]["worse"] is False
-    assert any(event["layer"] == "price" for event in record["events"])
+    assert any(event["layers"] == ["price"] for event in record["events"])
     amended = PrecisionConfig.load(record["amended_config"])
     assert "price" in amended.float32.layers
     assert "verdict: as good as float32" in done.stdout

@@ -169,9 +169,9 @@ def test_the_guard_says_when_its_config_reaches_no_layer(saved):
                   loss="sparse_categorical_crossentropy")
     model.fit(KINDS["functional_keras"].inputs(), np.zeros(64, "int32"), verbose=0,
               callbacks=[guard])
-    kinds = [event["kind"] for event in guard.events]
+    kinds = [event.kind for event in guard.events]
     assert kinds == ["precision_unreached"]
-    assert "cfg.apply(model)" in guard.events[0]["seen"]
+    assert "cfg.apply(model)" in guard.events[0].seen
     # Applied, the same model is reached and the guard has nothing to say.
     model = cfg.apply(model)
     guard = cfg.guard(verbose=0)

@@ -184,7 +184,7 @@ def _print_table(record: dict) -> None:
             print(f"guard: {event['seen']}")
             continue
         print(f"guard: epoch {event['epoch']} step {event['step']}: {event['kind']} "
-              f"({event['layer'] or 'no layer'}): {event['action']}")
+              f"({', '.join(event['layers']) or 'no layer'}): {event['action']}")
     if not record.get("guard", True):
         print("trained without the guard (--no-guard)")
     if "verdict" in record:

@@ -65,7 +65,8 @@ def train(task_path: str, which: str, epochs: int, guarded: bool = True,
         compile_for_trial(model, task, config)
         history = model.fit(epochs=epochs, verbose=0,
                             callbacks=[Report()] + ([guard] if guard else []), **fit)
-    events, amended = (guard.events, guard.config) if guard else ([], config)
+    events = [event.to_dict() for event in guard.events] if guard else []
+    amended = guard.config if guard else config
     return {"history": {key: [float(v) for v in values]
                         for key, values in history.history.items()},
             **guard_record(events, amended.to_dict())}

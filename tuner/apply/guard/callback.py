@@ -33,12 +33,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, fidelity, precision_loss, readings
+from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.repairs import Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
@@ -87,7 +88,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self.float32_check = float32_check
         self.data = data
         self.verbose = verbose
-        self.events: list[dict[str, Any]] = []
+        self.events: list[GuardEvent] = []
         self.history: list[dict[str, Any]] = []   # per-epoch figures
         self.repairs = 0
         self.snapshot_bytes = 0
@@ -129,7 +130,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._start = self._snapshot   # kept through the training's first EARLY share
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
-            self._record(Notice.PRECISION_UNREACHED, unreached, None, "nothing to repair",
+            self._record(Notice.PRECISION_UNREACHED, unreached, (), "nothing to repair",
                          "no 16-bit layer")
 
     def on_train_end(self, logs=None) -> None:
@@ -256,13 +257,12 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         return (Failure.PRECISION_LOSS, seen) if seen else (None, "")
 
     # -- repairing ---------------------------------------------------------------------------
-    def _record(self, kind: str, seen: str, layer: str | None, action: str, why: str) -> None:
-        event = {"epoch": self._epoch + 1, "step": self._step, "kind": kind, "seen": seen,
-                 "layer": layer, "cause": why, "action": action}
+    def _record(self, kind: str, seen: str, layers: Sequence[str], action: str,
+                why: str) -> None:
+        event = GuardEvent(self._epoch + 1, self._step, kind, seen, tuple(layers), why, action)
         self.events.append(event)
         if self.verbose:
-            print(f"\nprecision guard: epoch {event['epoch']} step {event['step']}: {seen} "
-                  f"[{kind}]; cause: {why}; {action}", file=sys.stderr, flush=True)
+            print(f"\n{event.line()}", file=sys.stderr, flush=True)
 
     # -- reading the training ----------------------------------------------------------------
     def _retrace(self) -> None:

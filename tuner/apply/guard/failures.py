@@ -1,6 +1,6 @@
 """The kinds of failure the guard sees, and the events it records that are not failures. Each
-event's ``kind`` is one of these (a ``str``: events stay plain data in ``guard.events``, the
-MLflow artifact and ``precision-tuner train``'s lines).
+``events.GuardEvent``'s ``kind`` is one of these, kept as its plain string value (the MLflow
+artifact and ``precision-tuner train``'s record are JSON).
 
 Failures, each found by a check of the callback and answered by one trip of the repair ladder
 (tuner.apply.guard.repairs):

@@ -79,6 +79,12 @@ def compare_layers(model: keras.Model, x: Any) -> list[Disagreement]:
     return _innermost(model, found)
 
 
+def weighted_sixteen_bit(model: keras.Model) -> int:
+    """How many layers with weights compute in 16 bits."""
+    return sum(1 for layer, _ in layer_paths(model)
+               if layer.compute_dtype in SIXTEEN_BIT and layer.weights)
+
+
 def output_gap(model: keras.Model, x: Any) -> float:
     """How far the model's output, as the model runs now, is from the same model run with
     every layer in float32: the mean per-sample relative disagreement."""

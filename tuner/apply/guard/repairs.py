@@ -1,13 +1,9 @@
-"""The guard's repairs (a mixin of ``PrecisionGuard``, which holds the state they read: the
-model, the config, the kept batch, the snapshot, the optimizer): one trip sized by what the
-failing batch shows (``_trip``: every layer whose output is non-finite, disagrees with float32,
-or whose backward pass overflows even at the loss scale's floor, moved to float32 and verified;
-the floor, or a fixed scale, lowered where gradients still overflow at it, or where moving
-layers would take most of the model; a collapsed scale reset to the largest the batch fits),
-a precision failure those do not bring back answered by the smallest set of layers whose
-float32 brings the model's output back (``precision_loss``), the last resort (every layer in
-float32: it ends the watch, the training goes on as a float32 one), and ``GuardError`` where no
-last resort exists (pure 16-bit policies).
+"""The guard's repairs (a mixin of ``PrecisionGuard``, which holds the model, the config, the
+kept batch, the snapshot and the optimizer): one trip sized by what the failing batch shows
+(``_trip``): restore; move every layer at fault, each verified; for a precision failure, the
+smallest set of layers whose float32 brings the output back (``float32_set``); lower the floor
+or reset a collapsed scale; then the last resort (every layer in float32, which ends the
+watch), or ``GuardError`` where none exists (pure 16-bit policies).
 """
 
 from __future__ import annotations
@@ -21,13 +17,7 @@ from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, read
 from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.state import Snapshot
 from tuner.apply.guard.watch import SpikeWatch
-from tuner.apply.layers import layer_paths
 from tuner.errors import GuardError
-
-
-def _sixteen_bit(model: keras.Model) -> int:
-    return sum(1 for layer, _ in layer_paths(model)
-               if layer.compute_dtype in fidelity.SIXTEEN_BIT and layer.weights)
 
 
 class Repairs:
@@ -43,14 +33,14 @@ class Repairs:
         if batch is not None and cause.data_non_finite(batch):
             if self._snapshot is not None:  # a data fault: it spends no precision repair
                 self._snapshot.restore(model)
-            self._finish_trip(kind, seen, None, "skipped a batch holding NaN/inf (not precision)",
+            self._finish_trip(kind, seen, (), "skipped a batch holding NaN/inf (not precision)",
                               "the batch itself holds NaN or inf", restored)
             return
         if self.repairs >= self.max_repairs:
             if not self._last_resort_left():
                 self._stop(seen)
             action = self._last_resort(f"{self.repairs} repairs spent")
-            self._finish_trip(kind, seen, None, action, "out of repairs", restored)
+            self._finish_trip(kind, seen, (), action, "out of repairs", restored)
             return
         self.repairs += 1
         broken = readings.non_finite_weights(model)
@@ -84,11 +74,10 @@ class Repairs:
             else:
                 actions.append("went on from the restored state")
         why = found.describe() if found is not None else "no batch to diagnose on"
-        self._finish_trip(kind, seen, ", ".join(layers) or None, "; ".join(actions), why,
-                          restored)
+        self._finish_trip(kind, seen, layers, "; ".join(actions), why, restored)
 
-    def _finish_trip(self, kind: str, seen: str, layer: str | None, action: str, why: str,
-                     restored: int | None) -> None:
+    def _finish_trip(self, kind: str, seen: str, layers: list[str] | tuple, action: str,
+                     why: str, restored: int | None) -> None:
         if restored is not None:
             action = f"restored step {restored}; {action}"
         self.model.reset_metrics()
@@ -99,7 +88,7 @@ class Repairs:
         self._skipped_run = 0
         self._suspects = {}
         self._tried.append(action)
-        self._record(kind, seen, layer, action, why)
+        self._record(kind, seen, layers, action, why)
 
     def _repair_layers(self, kind: Failure, found, batch) -> tuple[list[str], list[str]]:
         """Every layer the batch shows failing, on the failing state: non-finite outputs (one
@@ -137,7 +126,7 @@ class Repairs:
                 backward.append((found.layer, changed))
             found = again
         if backward and (found.backward is not None
-                         or 2 * len(backward) > _sixteen_bit(self.model)):
+                         or 2 * len(backward) > fidelity.weighted_sixteen_bit(self.model)):
             # Moving layers did not make the gradients fit, or only by moving most of the
             # model: the loss scale is to change instead (``_repair_scale``).
             for layer, changed in backward:
@@ -154,21 +143,27 @@ class Repairs:
 
     def _move_disagreeing(self, x, moved: list[str], actions: list[str]) -> list[str]:
         """The layers whose output disagrees with float32 beyond any rounding, moved together
-        and kept only if the model's output comes closer to float32's."""
-        disagreeing = [item.layer for item in fidelity.compare_layers(self.model, x)
-                       if item.layer not in moved and item.layer not in self.config.float32.layers]
-        if not disagreeing:
-            return []
+        and kept if the model's output comes closer to float32's. Where it does not, those
+        broken on half the batch (a norm outputting zeros: wrong whatever the model's output
+        shows yet, early in training when its blocks still add little) are kept alone, unless
+        the output moves further away."""
+        found = [item for item in fidelity.compare_layers(self.model, x)
+                 if item.layer not in moved and item.layer not in self.config.float32.layers]
         before = fidelity.output_gap(self.model, x)
-        changed = [pair for name in disagreeing
-                   for pair in cause.place_in_float32(self.model, self.config, name)]
-        after = fidelity.output_gap(self.model, x)
-        if changed and after < 0.9 * before:
-            return disagreeing
-        cause.undo(changed)
-        actions.append(f"{', '.join(disagreeing)} disagree with float32 but moving them did "
-                       f"not bring the model's output closer ({before:.3g} -> {after:.3g}): "
-                       "left as they were")
+        for layers, allowed in (([item.layer for item in found], 0.9),
+                                ([item.layer for item in found if item.broken >= 0.5], 1.1)):
+            if not layers:
+                continue
+            changed = [pair for name in layers
+                       for pair in cause.place_in_float32(self.model, self.config, name)]
+            after = fidelity.output_gap(self.model, x)
+            if changed and after < allowed * before:
+                return layers
+            cause.undo(changed)
+        if found:
+            actions.append(f"{', '.join(item.layer for item in found)} disagree with float32 "
+                           "but moving them did not bring the model's output closer: left as "
+                           "they were")
         return []
 
     def _move_smallest_set(self, batch, actions: list[str]) -> list[str]:
@@ -258,13 +253,14 @@ class Repairs:
         message = (f"precision guard: {seen} at epoch {self._epoch + 1} step {self._step} after "
                    f"{self.repairs} repairs (tried: {'; '.join(self._tried) or 'nothing'}); "
                    "stopping. Train with guard.config, or in float32.")
-        self._record(Notice.GAVE_UP, seen, None, "stopped the training", message)
+        self._record(Notice.GAVE_UP, seen, (), "stopped the training", message)
         self._close()
         raise GuardError(message)
 
     def _close(self) -> None:
         self._keeper.unwrap()
-        report.log_to_mlflow(self.history, self.events, self.config)
+        report.log_to_mlflow(self.history, [event.to_dict() for event in self.events],
+                             self.config)
 
     def _collapsed(self) -> bool:
         """Does the scale sit at its floor needlessly? It does if the batch's backward pass is
