@@ -17,7 +17,7 @@ def _readings(count, seed):
     rng = np.random.default_rng(seed)
     z = rng.normal(size=(count, 16))
     w = np.random.default_rng(11).normal(size=(16,))
-    energy = (5000 + 1500 * np.tanh(z @ w / 4) + 400 * np.sin(2 * z[:, 2])
+    energy = (5000 + 1500 * np.tanh(z @ w / 4) + 300 * z[:, 2] ** 2
               + rng.normal(scale=50, size=count))
     return (400 + 30 * z).astype("float32"), energy.astype("float32")
 
