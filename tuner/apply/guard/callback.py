@@ -38,13 +38,12 @@ from typing import Any, Sequence
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import cause, fidelity, precision_loss, readings
+from tuner.apply.guard import cause, fidelity, precision_loss, readings, scales
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.repairs import Repairs
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.guard.watch import LossSeries, Spacing, SpikeWatch
-from tuner.apply.loss_scaling import current_loss_scale, loss_scale_kind
 from tuner.apply.reach import unreached_model
 from tuner.errors import GuardError
 
@@ -64,7 +63,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
 
     ``snapshot_every``: steps between host-memory snapshots (weights and optimizer state);
     ``max_repairs``: repairs before the last resort, then ``GuardError``; ``max_skipped``:
-    consecutive skipped updates that count as a failure; ``spike_sigmas``: how many robust
+    consecutive skipped updates that count as a failure (of each optimizer the model holds: a
+    GAN's two are watched and repaired each); ``spike_sigmas``: how many robust
     standard deviations of the recent log loss make a spike; ``check_every``: steps between
     per-layer float32 comparisons on the kept batch (also at each epoch's end; None: never);
     ``float32_check``: data (``(x, y)`` or a dataset) to evaluate on as-is and in float32
@@ -97,15 +97,14 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._losses = LossSeries()
         self._snapshot: Snapshot | None = None
         self._step = self._epoch_base = 0   # steps trained in this fit, before this epoch
-        self._epoch = self._iterations = self._skipped_run = 0
-        self._skipped_epoch = self._floor_steps = 0
+        self._epoch = 0
+        self._scales: list[scales.ScaleWatch] = []   # one per optimizer the model holds
         self._layer_checks = Spacing(self.check_every, CHECK_BUDGET)
         self._loss_checks = Spacing(self.check_every, CHECK_BUDGET)
         self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
         self._float32_check = precision_loss.Float32CheckWatch()
         self._loss_gap = precision_loss.LossGapWatch()
         self._found_nothing = 0
-        self._fitted_at, self._fitted = -1, None   # _fitting_scale's answer at a step
         self._tried: list[str] = []
         self._start: Snapshot | None = None
         self._settled = False   # after the last resort: a float32 training, not watched
@@ -113,19 +112,12 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
-        readings.refuse_several_optimizers(model)
         readings.refuse_data_under_distribution(model, self.data)
         self._keeper.wrap(model)  # fit made its train function before calling us
-        self._optimizer = model.optimizer
-        if not self._optimizer.built and model.built and model.trainable_variables:
-            # As Keras builds it for a model it builds itself: the first snapshot then holds the
-            # optimizer's state too (else the snapshot after the first step does).
-            self._optimizer.build(model.trainable_variables)
+        readings.build_optimizer(model)   # so that the first snapshot holds its state
         self._tracker = readings.loss_tracker(model)
-        # Keras's own LossScaleOptimizer has no floor: its scale backs off as far as needed.
-        self._floor = float(getattr(self._optimizer, "floor", 2.0**-24 if self._scaled()
-                                    else self.config.loss_scale.floor))
-        self._iterations = readings.iterations(self.model)
+        self._scales = scales.watches(model, self.config.loss_scale.floor)
+        self._traceable = readings.traceable(model)
         self._take_snapshot()
         self._start = self._snapshot   # kept through the training's first EARLY share
         unreached = unreached_model(model, self.config.policy)
@@ -139,7 +131,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self._epoch = epoch
         self._epoch_base = self._step
-        self._skipped_epoch = 0
+        for watch in self._scales:
+            watch.skipped_epoch = 0
         self._losses.reset()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
@@ -149,18 +142,13 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         before = self._step
         self._step = self._epoch_base + int(batch) + 1
         steps = max(1, self._step - before)
-        iterations = readings.iterations(self.model)
-        applied = iterations - self._iterations
-        self._iterations = iterations
-        skipped = max(0, steps - applied) if self._scaled() else 0
-        self._skipped_epoch += skipped
-        self._skipped_run = self._skipped_run + skipped if skipped else 0
-        loss = self._step_loss(logs)
-        kind, seen = self._check_step(loss)
+        for watch in self._scales:
+            watch.stepped(steps)
+        kind, seen, watch = self._check_step(self._step_loss(logs), logs)
         if kind is None:
             kind, seen = self._check_batch(at_epoch_end=False)
         if kind is not None:
-            self._trip(kind, seen)
+            self._trip(kind, seen, watch)
         elif self._snapshot is None or not self._snapshot.complete \
                 or self._step - self._snapshot.step >= self.snapshot_every:
             self._take_snapshot()
@@ -171,7 +159,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         logs = logs or {}
         figures = {"epoch": epoch, "loss": readings.scalar(logs.get("loss")),
                    "val_loss": readings.scalar(logs.get("val_loss")),
-                   "loss_scale": self._scale(), "skipped_steps": self._skipped_epoch}
+                   **self._scale_figures()}
         if self.float32_check is not None:
             figures.update(readings.evaluate_as_is_and_in_float32(self.model,
                                                                   self.float32_check))
@@ -200,32 +188,45 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         return self._step <= EARLY * epochs * steps
 
     # -- checks ------------------------------------------------------------------------------
-    def _check_step(self, loss: float | None) -> tuple[Failure | None, str]:
-        if loss is not None and not math.isfinite(loss):
-            return Failure.NON_FINITE_LOSS, f"loss {loss}"
-        scale = self._scale()
-        at_floor = scale is not None and self._dynamic() and scale <= self._floor
-        self._floor_steps = self._floor_steps + 1 if at_floor else 0
-        if at_floor and self._skipped_run >= 3:
-            return Failure.SCALE_AT_FLOOR, (f"loss scale {scale:g} at its floor {self._floor:g} "
-                                            f"and {self._skipped_run} updates skipped there")
-        # Collapsed: at its floor though the kept batch fits higher (none under tf.distribute).
-        if at_floor and self._floor_steps == self.max_skipped and self._batch() is not None \
-                and self._collapsed():
-            return Failure.SCALE_COLLAPSED, (f"loss scale {scale:g} at its floor for "
-                                             f"{self._floor_steps} steps, though the batch's "
-                                             f"gradients fit float16 at {self._fitting_scale():g}")
-        if self._skipped_run >= self.max_skipped:
-            return Failure.SKIPPED_UPDATES, f"{self._skipped_run} updates skipped in a row"
+    def _check_step(self, loss: float | None, logs: dict
+                    ) -> tuple[Failure | None, str, scales.ScaleWatch | None]:
+        own = {} if loss is not None else {   # a train_step's own losses (a GAN's d_loss)
+            name: readings.scalar(value) for name, value in logs.items() if name.endswith("loss")}
+        for name, value in [("loss", loss), *own.items()]:
+            if value is not None and not math.isfinite(value):
+                return Failure.NON_FINITE_LOSS, f"{name} {value}", None
+        for watch in self._scales:
+            kind, seen = self._check_scale(watch)
+            if kind is not None:
+                return kind, watch.owner() + seen, watch
         if loss is not None and self._spikes.is_spike(loss):
             return Failure.LOSS_SPIKE, (f"loss {loss:.4g} above the recent level's bar "
-                                        f"{self._spikes.threshold():.4g}")
+                                        f"{self._spikes.threshold():.4g}"), None
+        return None, "", None
+
+    def _check_scale(self, watch: scales.ScaleWatch) -> tuple[Failure | None, str]:
+        at_floor = watch.at_floor()
+        watch.floor_steps = watch.floor_steps + 1 if at_floor else 0
+        if at_floor and watch.skipped_run >= 3:
+            return Failure.SCALE_AT_FLOOR, (f"loss scale {watch.scale():g} at its floor "
+                                            f"{watch.floor:g} and {watch.skipped_run} updates "
+                                            "skipped there")
+        # Collapsed: at its floor though the kept batch fits higher (none under tf.distribute).
+        if at_floor and watch.floor_steps == self.max_skipped and self._batch() is not None \
+                and self._collapsed(watch):
+            return Failure.SCALE_COLLAPSED, (f"loss scale {watch.scale():g} at its floor for "
+                                             f"{watch.floor_steps} steps, though the batch's "
+                                             f"gradients fit float16 at "
+                                             f"{self._fitting_scale(watch):g}")
+        if watch.skipped_run >= self.max_skipped:
+            return Failure.SKIPPED_UPDATES, f"{watch.skipped_run} updates skipped in a row"
         return None, ""
 
     def _check_batch(self, at_epoch_end: bool) -> tuple[Failure | None, str]:
         """The checks on the kept batch, each when due (``watch.Spacing``): each 16-bit layer
         against float32, then the model's loss against float32's."""
-        if self._batch() is None or self.config.compute_dtype == "float32":
+        if self._batch() is None or self.config.compute_dtype == "float32" \
+                or not self._traceable:
             return None, ""
         for spacing, check in ((self._layer_checks, self._compare_layers),
                                (self._loss_checks, self._compare_loss)):
@@ -271,7 +272,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
 
     def _take_snapshot(self) -> None:
         snapshot = Snapshot(self.model, self._step)
-        if snapshot.finite and self._skipped_run == 0:
+        if snapshot.finite and not any(watch.skipped_run for watch in self._scales):
             self._snapshot = snapshot
             self.snapshot_bytes = snapshot.nbytes
 
@@ -279,14 +280,15 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         batch = self._keeper.batch()
         return batch if batch is not None else self.data
 
-    def _scaled(self) -> bool:
-        return loss_scale_kind(self._optimizer).scales
-
-    def _dynamic(self) -> bool:
-        return loss_scale_kind(self._optimizer).moves
-
-    def _scale(self) -> float | None:
-        return current_loss_scale(self._optimizer)
+    def _scale_figures(self) -> dict[str, Any]:
+        """Each optimizer's loss scale and skipped steps this epoch (``loss_scale``,
+        ``skipped_steps`` for ``model.optimizer``; suffixed by its name for any other)."""
+        figures: dict[str, Any] = {"loss_scale": None, "skipped_steps": 0}
+        for watch in (watch for watch in self._scales if watch.applied):
+            suffix = "" if watch.name == "optimizer" else f"_{watch.name}"
+            figures[f"loss_scale{suffix}"] = watch.scale()
+            figures[f"skipped_steps{suffix}"] = watch.skipped_epoch
+        return figures
 
     def _step_loss(self, logs: dict) -> float | None:
         total = count = None

@@ -38,6 +38,7 @@ class Probe:
     forward: str | None = None         # first layer whose output is non-finite
     loss_finite: bool = True
     backward: str | None = None        # layer whose backward made a gradient non-finite
+    traced: bool = True                # False: the model could not be run on the batch
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -62,6 +63,8 @@ class Probe:
             return "every layer's output is finite but the loss is not"
         if self.backward:
             return f"{self.backward}'s backward pass overflows at this loss scale"
+        if not self.traced:
+            return "no layer diagnosed (the model has no call to run on the batch)"
         return "nothing non-finite on this batch"
 
 
@@ -78,7 +81,12 @@ def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
     if data_non_finite(batch):
         found.data_non_finite = True
         return found
-    step = traced_step(model, batch, loss_scale=loss_scale)
+    try:
+        step = traced_step(model, batch, loss_scale=loss_scale)
+    except Exception as exc:  # noqa: BLE001 - no call to run it by (a GAN's train_step)
+        found.notes.append(f"the model cannot be run on the batch ({type(exc).__name__})")
+        found.traced = False
+        return found
     if step.loss_error is not None:
         found.notes.append(f"no compiled loss to trace ({type(step.loss_error).__name__})")
     found.forward = first_non_finite(step.captured)
@@ -91,15 +99,6 @@ def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
     found.backward = _backward_culprit(step.captured, output_grads,
                                        dict(zip(map(id, weights), weight_grads)))
     return found
-
-
-def scale_below(model: keras.Model, batch: Any, ceiling: float) -> float | None:
-    """Gradients overflow float16 at ``ceiling`` (a loss in the billions): the largest
-    power-of-two scale below it, down to 2^-30 of it, at which the batch's backward pass is
-    finite, with room (one batch's largest gradient is not all batches')."""
-    high = math.floor(math.log2(ceiling)) - 1
-    fitting = largest_fitting_scale(model, batch, high - 30, high)
-    return None if fitting is None else fitting / 2.0**FLOOR_HEADROOM
 
 
 def largest_fitting_scale(model: keras.Model, batch: Any, low: int, high: int) -> float | None:

@@ -14,16 +14,27 @@ from tuner.apply.loss_scaling import held_optimizers
 from tuner.errors import UsageError
 
 
-def refuse_several_optimizers(model: keras.Model) -> None:
-    """The guard watches one optimizer, ``model.optimizer`` (its loss scale, its skipped
-    steps, its state to restore): a model that trains with optimizers of its own (a GAN's
-    ``d_optimizer`` and ``g_optimizer``) is refused in one line rather than watched wrongly."""
-    own = sorted(name for name in held_optimizers(model) if name != "optimizer")
-    if own:
-        raise UsageError(f"precision guard: {type(model).__name__} trains with optimizers of its "
-                         f"own ({', '.join(own)}), and the guard watches model.optimizer alone. "
-                         "Train it without the guard (precision-tuner train --no-guard "
-                         "compares it with float32 over the whole training).")
+def build_optimizer(model: keras.Model) -> None:
+    """Build ``model.optimizer`` as Keras builds it for a model it builds itself, so that the
+    first snapshot holds its state (else the snapshot after the first step does); not where
+    the model holds optimizers of its own (its train_step may never apply compile's)."""
+    optimizer = model.optimizer
+    if optimizer is not None and not optimizer.built and model.built \
+            and model.trainable_variables and len(held_optimizers(model)) == 1:
+        optimizer.build(model.trainable_variables)
+
+
+def traceable(model: keras.Model) -> bool:
+    """Can the guard run the model on a batch itself (it has a ``call``)? A GAN written as the
+    Keras guide writes one has none: its ``train_step`` calls its parts; there the guard
+    watches the losses and the loss scales, and names no layer."""
+    return type(model).call is not keras.Model.call
+
+
+def loss_traceable(model: keras.Model) -> bool:
+    """Can the guard compute the model's loss on a batch itself (a ``call`` and a compiled
+    loss)? Where it cannot, it learns what a loss scale does from the model's own step."""
+    return traceable(model) and getattr(model, "_compile_loss", None) is not None
 
 
 def refuse_data_under_distribution(model: keras.Model, data: Any) -> None:
@@ -82,8 +93,3 @@ def positive_int(name: str, value: object) -> int:
         raise ValueError(f"PrecisionGuard: `{name}` must be an integer >= 1. Received: "
                          f"{name}={value!r}. Pass e.g. {name}=50.")
     return value
-
-
-def iterations(model: keras.Model) -> int:
-    """Updates applied so far (a loss scale's skipped steps do not count)."""
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))

@@ -9,13 +9,13 @@ watch), or ``GuardError`` where none exists (pure 16-bit policies).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import keras
 
-from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, report
+from tuner.apply.guard import (cause, fidelity, float32_set, precision_loss, readings, report,
+                               scales)
 from tuner.apply.guard.failures import Failure, Notice
-from tuner.apply.guard.state import Snapshot
+from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.watch import SpikeWatch
 from tuner.errors import GuardError
 
@@ -23,8 +23,10 @@ from tuner.errors import GuardError
 class Repairs:
     """What a trip does; mixed into ``PrecisionGuard``."""
 
-    def _trip(self, kind: Failure, seen: str) -> None:
+    def _trip(self, kind: Failure, seen: str, watch: ScaleWatch | None = None) -> None:
         kind, model, batch = Failure(kind), self.model, self._batch()
+        watch = watch or next((each for each in self._scales if each.scaled and each.applied),
+                              None)
         if kind.of_precision and self._start is not None:
             # Early on, the training so far is thrown away: its weights learned to live with
             # the rounding (the float32 layers would start from weights fitted to it).
@@ -46,12 +48,13 @@ class Repairs:
         broken = readings.non_finite_weights(model)
         if broken and self._snapshot is not None:
             self._snapshot.restore(model)  # diagnose on the state that was still good
-        found = cause.probe(model, batch, self._scale()) if batch is not None else None
+        scale = watch.scale() if watch else None
+        found = cause.probe(model, batch, scale) if batch is not None else None
         if found is not None and found.backward and not found.failing_forward \
-                and self._dynamic() and self._scale() > self._floor:
-            found = cause.probe(model, batch, self._floor)  # above it, the scale backs off
-        layers, actions = self._repair_layers(kind, found, batch)
-        scale_action = self._repair_scale(kind, batch)
+                and watch.dynamic and scale > watch.floor:
+            found = cause.probe(model, batch, watch.floor)  # above it, the scale backs off
+        layers, actions = self._repair_layers(kind, found, batch, watch)
+        scale_action = self._repair_scale(kind, batch, watch)
         if self._snapshot is not None:
             self._snapshot.restore(model)
         if scale_action is not None:
@@ -81,21 +84,23 @@ class Repairs:
         if restored is not None:
             action = f"restored step {restored}; {action}"
         self.model.reset_metrics()
-        self._iterations = readings.iterations(self.model)  # the snapshot's count
+        for watch in self._scales:   # the snapshot's counts
+            watch.iterations, watch.skipped_run = watch.read_iterations(), 0
         self._losses.reset()
         if restored is not None:   # the loss goes back to the snapshot's level: learn it anew
             self._spikes = SpikeWatch(sigmas=self.spike_sigmas)
-        self._skipped_run = 0
         self._suspects = {}
         self._tried.append(action)
         self._record(kind, seen, layers, action, why)
 
-    def _repair_layers(self, kind: Failure, found, batch) -> tuple[list[str], list[str]]:
+    def _repair_layers(self, kind: Failure, found, batch, watch: ScaleWatch | None
+                       ) -> tuple[list[str], list[str]]:
         """Every layer the batch shows failing, on the failing state: non-finite outputs (one
         after another: moving one lets the next show), outputs that disagree with float32, and
         backward passes that overflow where no loss scale helps. Returns the layers and what
         was done."""
-        if batch is None or found is None or self.config.compute_dtype == "float32":
+        if batch is None or found is None or self.config.compute_dtype == "float32" \
+                or not self._traceable:
             return [], []
         x = keras.utils.unpack_x_y_sample_weight(batch)[0]
         if self.config.weights_16bit:
@@ -112,7 +117,7 @@ class Repairs:
         moved, actions, backward = [], [], []
         # Probed where the scale cannot go lower: a dynamic scale above its floor backs off by
         # itself, so only a backward pass that overflows at the floor is a layer's fault.
-        scale = self._floor if self._dynamic() else self._scale()
+        scale = None if watch is None else watch.floor if watch.dynamic else watch.scale()
         while found.failing and found.layer and found.layer not in moved:
             changed = cause.place_in_float32(self.model, self.config, found.layer)
             if not changed:
@@ -183,54 +188,57 @@ class Repairs:
         actions.append(f"searched for the cause: {found.describe()}")
         return list(found.layers)
 
-    def _repair_scale(self, kind: Failure, batch):
-        """What to do to the loss scale, decided on the failing state and done after the
-        restore (which puts the snapshot's scale back): a callable, or None. Gradients that
+    def _repair_scale(self, kind: Failure, batch, watch: ScaleWatch | None):
+        """What to do to ``watch``'s loss scale, decided on the failing state and done after
+        the restore (which puts the snapshot's scale back): a callable, or None. Gradients that
         overflow even at a dynamic scale's floor lower the floor; a fixed scale they overflow
         at is lowered; a dynamic scale otherwise restarts (a collapsed one at the largest scale
         the batch fits)."""
-        if not self._scaled() or not kind.of_the_scale:
+        if watch is None or not watch.scaled or not kind.of_the_scale:
             return None
-        fixed = not self._dynamic()
+        fixed = not watch.dynamic
         if batch is not None and kind is not Failure.SCALE_COLLAPSED:
-            ceiling = self._scale() if fixed else self._floor
-            still = cause.probe(self.model, batch, ceiling)
-            if still.backward is not None and not still.failing_forward:
-                lowered = cause.scale_below(self.model, batch, ceiling)
-                if lowered is not None:
-                    return lambda: self._set_scale(lowered, fixed)
+            ceiling = watch.scale() if fixed else watch.floor
+            high = scales.exponent(ceiling) - 1
+            if scales.overflows(self.model, batch, watch, ceiling):
+                fitting = scales.largest_fitting(self.model, batch, watch, high - 30, high)
+                if fitting is not None:
+                    lowered = fitting / 2.0**cause.FLOOR_HEADROOM
+                    return lambda: self._set_scale(watch, lowered, fixed)
         if fixed:
             return None
-        fitting = self._fitting_scale() if kind is Failure.SCALE_COLLAPSED else None
-        initial = fitting if fitting is not None and fitting > self._floor \
+        fitting = self._fitting_scale(watch) if kind is Failure.SCALE_COLLAPSED else None
+        initial = fitting if fitting is not None and fitting > watch.floor \
             else self.config.loss_scale.initial_scale
 
         def reset() -> str:
-            self._optimizer.dynamic_scale.assign(initial)
-            self._optimizer.step_counter.assign(0)
-            return f"loss scale reset to {initial:g}"
+            watch.optimizer.dynamic_scale.assign(initial)
+            watch.optimizer.step_counter.assign(0)
+            return f"{watch.owner()}loss scale reset to {initial:g}"
 
         return reset
 
-    def _set_scale(self, scale: float, fixed: bool) -> str:
+    def _set_scale(self, watch: ScaleWatch, scale: float, fixed: bool) -> str:
         """A fixed scale to ``scale``; a dynamic one's floor to ``scale`` and the scale itself
-        to where the batch fits (the headroom above the floor)."""
-        self._optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**cause.FLOOR_HEADROOM)
-        self._optimizer.step_counter.assign(0)
-        loss_scale = self.config.loss_scale
+        to where the batch fits (the headroom above the floor). The config keeps the lowest
+        each optimizer needed."""
+        optimizer, loss_scale = watch.optimizer, self.config.loss_scale
+        optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**cause.FLOOR_HEADROOM)
+        optimizer.step_counter.assign(0)
         if fixed:
-            self._optimizer.initial_scale = scale
+            optimizer.initial_scale = scale
             self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
-                loss_scale, value=scale))
-            return f"fixed loss scale lowered to {scale:g} (gradients overflow float16 at it)"
-        self._floor = scale
-        if hasattr(self._optimizer, "floor"):
-            self._optimizer.floor = scale
+                loss_scale, value=min(scale, loss_scale.value or scale)))
+            return (f"{watch.owner()}fixed loss scale lowered to {scale:g} (gradients overflow "
+                    "float16 at it)")
+        watch.floor = scale
+        if hasattr(optimizer, "floor"):
+            optimizer.floor = scale
         self._retrace()  # the floor is a constant in the traced step
         self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
-            loss_scale, floor=scale))
-        return (f"loss scale floor lowered to {scale:g} (gradients overflow float16 at the old "
-                "floor)")
+            loss_scale, floor=min(scale, loss_scale.floor)))
+        return (f"{watch.owner()}loss scale floor lowered to {scale:g} (gradients overflow "
+                "float16 at the old floor)")
 
     def _last_resort_left(self) -> bool:
         return not self.config.weights_16bit and self.config.policy != "float32"
@@ -262,29 +270,19 @@ class Repairs:
         report.log_to_mlflow(self.history, [event.to_dict() for event in self.events],
                              self.config)
 
-    def _collapsed(self) -> bool:
-        """Does the scale sit at its floor needlessly? It does if the batch's backward pass is
-        finite at a scale 2^4 above the floor or more (``_fitting_scale``)."""
-        fitting = self._fitting_scale()
-        return fitting is None or fitting >= self._floor * 2.0**cause.FLOOR_HEADROOM
+    def _collapsed(self, watch: ScaleWatch) -> bool:
+        """Does the scale sit at its floor needlessly? It does if the batch's gradients fit
+        float16 at a scale 2^4 above the floor or more."""
+        fitting = self._fitting_scale(watch)
+        return fitting is None or fitting >= watch.floor * 2.0**cause.FLOOR_HEADROOM
 
-    def _fitting_scale(self) -> float | None:
-        """The largest power-of-two scale from the floor up to the initial one at which the
-        kept batch's backward pass is finite (on a copy of the state: the probe's
-        training-mode passes move statistics). None without a batch."""
-        batch = self._batch()
-        if batch is None:
-            return None
-        if self._fitted_at != self._step:
-            state = Snapshot(self.model, self._step)
-            try:
-                fitting = cause.largest_fitting_scale(
-                    self.model, batch, math.floor(math.log2(self._floor)),
-                    math.floor(math.log2(self.config.loss_scale.initial_scale)))
-            finally:
-                state.restore(self.model)
-            self._fitted_at, self._fitted = self._step, fitting or self._floor
-        return self._fitted
+    def _fitting_scale(self, watch: ScaleWatch) -> float | None:
+        if watch.fitted_at != self._step:
+            batch = self._batch()
+            fitted = None if batch is None else scales.fitting_scale(
+                self.model, batch, watch, self.config.loss_scale.initial_scale)
+            watch.fitted_at, watch.fitted = self._step, fitted
+        return watch.fitted
 
     def _amend(self, layers: tuple[str, ...]) -> None:
         placement = self.config.float32

@@ -23,6 +23,7 @@ from typing import Any
 import keras
 
 from tuner.apply.instruments import HostCopy
+from tuner.apply.loss_scaling import held_optimizers
 
 
 class Snapshot:
@@ -31,8 +32,11 @@ class Snapshot:
 
     def __init__(self, model: keras.Model, step: int) -> None:
         self.step = step
-        optimizer = getattr(model, "optimizer", None)
-        self.complete = optimizer is None or optimizer.built  # the optimizer's state is in it
+        held = held_optimizers(model)
+        # Where the model holds optimizers of its own (a GAN's), compile's default
+        # ``optimizer`` is one its train_step never applies: it is never built.
+        self.complete = all(optimizer.built for name, optimizer in held.items()
+                            if not (name == "optimizer" and len(held) > 1))
         self._copy = HostCopy(_state_variables(model))
 
     @property
@@ -49,9 +53,15 @@ class Snapshot:
 
 
 def _state_variables(model: keras.Model) -> list:
-    optimizer = getattr(model, "optimizer", None)
-    extra = list(optimizer.variables) if optimizer is not None and optimizer.built else []
-    return list(model.variables) + extra
+    """The model's variables and every optimizer's it holds (a GAN's two), each once."""
+    variables, seen = list(model.variables), {id(v) for v in model.variables}
+    for optimizer in held_optimizers(model).values():
+        if optimizer.built:
+            for variable in optimizer.variables:
+                if id(variable) not in seen:
+                    seen.add(id(variable))
+                    variables.append(variable)
+    return variables
 
 
 class BatchKeeper:

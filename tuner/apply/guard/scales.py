@@ -1,0 +1,151 @@
+"""The loss scales a training applies: one ``ScaleWatch`` per optimizer the model holds
+(``model.optimizer``, or a GAN's ``d_optimizer`` and ``g_optimizer``, each with a scale of its
+own), counting its applied and skipped updates and reading its scale and floor.
+
+Where the guard cannot compute the model's loss itself (a ``train_step`` with losses of its
+own, as a GAN's), ``largest_applying_scale`` finds where an optimizer's gradients fit by
+running the model's own training step on the kept batch at each scale tried, from the same
+state, put back after each: the step applies the optimizer's update only where its gradients
+are finite.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from tuner.apply.guard import cause, readings
+from tuner.apply.guard.state import Snapshot
+from tuner.apply.loss_scaling import current_loss_scale, held_optimizers, loss_scale_kind
+
+KERAS_FLOOR = 2.0**-24   # Keras's own LossScaleOptimizer has no floor: its scale backs off
+
+
+class ScaleWatch:
+    """One optimizer of the training and what its loss scale did. ``name``: the model attribute
+    that holds it (``optimizer``, ``d_optimizer``)."""
+
+    def __init__(self, name: str, optimizer: keras.optimizers.Optimizer,
+                 config_floor: float) -> None:
+        self.name, self.optimizer = name, optimizer
+        self.floor = float(getattr(optimizer, "floor",
+                                   KERAS_FLOOR if self.scaled else config_floor))
+        self.iterations = self.read_iterations()
+        self.skipped_run = self.skipped_epoch = self.floor_steps = 0
+        self.fitted_at, self.fitted = -1, None   # the fitting scale found at a step
+
+    @property
+    def scaled(self) -> bool:
+        return loss_scale_kind(self.optimizer).scales
+
+    @property
+    def dynamic(self) -> bool:
+        return loss_scale_kind(self.optimizer).moves
+
+    def scale(self) -> float | None:
+        return current_loss_scale(self.optimizer)
+
+    def read_iterations(self) -> int:
+        """Updates applied so far (a skipped step does not count)."""
+        return int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+
+    @property
+    def applied(self) -> bool:
+        """Has the training applied it (built it) yet? Compile's default optimizer, where a
+        GAN's train_step applies its own, never is: it is not watched."""
+        return self.optimizer.built
+
+    def stepped(self, steps: int) -> None:
+        """After ``steps`` training steps: count the updates the loss scale skipped."""
+        if not self.applied:
+            return
+        iterations = self.read_iterations()
+        applied, self.iterations = iterations - self.iterations, iterations
+        skipped = max(0, steps - applied) if self.scaled else 0
+        self.skipped_epoch += skipped
+        self.skipped_run = self.skipped_run + skipped if skipped else 0
+
+    def at_floor(self) -> bool:
+        if not self.applied:
+            return False
+        scale = self.scale()
+        return scale is not None and self.dynamic and scale <= self.floor
+
+    def owner(self) -> str:
+        """How an event names it: nothing for the one ``optimizer``, else its attribute."""
+        return "" if self.name == "optimizer" else f"{self.name}: "
+
+
+def watches(model: keras.Model, config_floor: float) -> list[ScaleWatch]:
+    """A watch for every optimizer the model holds, ``model.optimizer`` first."""
+    held = held_optimizers(model)
+    names = sorted(held, key=lambda name: (name != "optimizer", name))
+    return [ScaleWatch(name, held[name], config_floor) for name in names]
+
+
+def largest_applying_scale(model: keras.Model, batch: Any, watch: ScaleWatch, low: int,
+                           high: int) -> float | None:
+    """The largest ``2^e`` for ``low <= e <= high`` at which one step of the model's own
+    ``train_step`` on ``batch`` applies ``watch``'s update (bisected: gradients that overflow at
+    a scale overflow above it too), None if none does. Every try starts from the state as it
+    was, and that state is put back after."""
+    state = Snapshot(model, -1)
+
+    def applies(exponent: int) -> bool:
+        watch.optimizer.dynamic_scale.assign(2.0**exponent)
+        before = watch.read_iterations()
+        try:
+            model.train_step(batch)
+            return watch.read_iterations() > before
+        finally:
+            state.restore(model)
+
+    if not applies(low):
+        return None
+    if applies(high):
+        return 2.0**high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if applies(middle):
+            low = middle
+        else:
+            high = middle
+    return 2.0**low
+
+
+def exponent(scale: float) -> int:
+    return math.floor(math.log2(scale))
+
+
+def largest_fitting(model: keras.Model, batch: Any, watch: ScaleWatch, low: int,
+                    high: int) -> float | None:
+    """The largest ``2^e`` (``low <= e <= high``) the batch's gradients fit: by the backward
+    pass of the model's compiled loss (``cause``), or where the guard cannot compute the loss
+    (a GAN's ``train_step``), by whether a step applies ``watch``'s update."""
+    if readings.loss_traceable(model):
+        return cause.largest_fitting_scale(model, batch, low, high)
+    return largest_applying_scale(model, batch, watch, low, high)
+
+
+def overflows(model: keras.Model, batch: Any, watch: ScaleWatch, scale: float) -> bool:
+    """Do the batch's gradients overflow float16 at ``scale``, with every output finite?"""
+    if readings.loss_traceable(model):
+        found = cause.probe(model, batch, scale)
+        return found.backward is not None and not found.failing_forward
+    return largest_applying_scale(model, batch, watch, exponent(scale), exponent(scale)) is None
+
+
+def fitting_scale(model: keras.Model, batch: Any, watch: ScaleWatch,
+                  initial_scale: float) -> float:
+    """The largest power-of-two scale from ``watch``'s floor up to ``initial_scale`` at which
+    the batch's gradients fit (the floor where none does), on a copy of the state: the probes'
+    training-mode passes move statistics."""
+    state = Snapshot(model, -1)
+    try:
+        fitting = largest_fitting(model, batch, watch, exponent(watch.floor),
+                                  exponent(initial_scale))
+    finally:
+        state.restore(model)
+    return fitting or watch.floor
