@@ -3,14 +3,17 @@ up in a fresh interpreter, before TensorFlow starts), and a model saved under a 
 a fresh interpreter: what docs/how-to/apply.md says of both.
 
 Under the strategy: the layers take the config's dtype policies, ``wrap_optimizer`` gives a
-loss-scale optimizer whose variables are mirrored, a short ``fit`` trains; the guard leaves a
-healthy training alone, restores after a NaN (naming no layer: it has no batch), falls back to
-every layer in float32 when the loss scale keeps collapsing, and refuses ``data=`` in one line.
+loss-scale optimizer whose variables are mirrored, a short ``fit`` trains, and a step is
+skipped where any replica's gradients overflow (Keras's own scale applies it when only the
+first replica's are finite); the guard leaves a healthy training alone, sees a NaN in the data
+(the batch kept from the replicas' shares), names the layer whose output overflows and keeps
+the policy, and falls back to every layer in float32 when the loss scale keeps collapsing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -86,18 +89,51 @@ found["overflow"] = {"events": [event.to_dict() for event in guard.events],
                      "layers": [layer.dtype_policy.name for layer in model.layers[1:]],
                      "last_loss": history.history["loss"][-1]}
 
-model = build()
-try:
-    model.fit(x, y, batch_size=128, epochs=1, verbose=0,
-              callbacks=[cfg.guard(data=(x[:64], y[:64]))])
-    found["data"] = "accepted"
-except UsageError as error:
-    found["data"] = str(error)
+# Keras's LossScaleOptimizer decides from the first replica's gradients alone: a step where
+# only the second replica's share overflows is applied, and the weights are NaN.
+pair_x = np.array([[0.1] * 4, [3e3] * 4], "float32")
+pair_y = np.array([0.0, 3e4], "float32")
+for name, wrap in (("keras", keras.optimizers.LossScaleOptimizer), ("ours", cfg.wrap_optimizer)):
+    for rows in ((0, 1), (1, 0)):
+        keras.utils.set_random_seed(0)
+        with cfg.scope(), strategy.scope():
+            pair = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            pair.compile(optimizer=wrap(keras.optimizers.SGD(1e-3)), loss="mse")
+        pair.fit(pair_x[list(rows)], pair_y[list(rows)], batch_size=2, shuffle=False, verbose=0)
+        found["replicas", name, rows[1]] = {
+            "finite": bool(all(np.isfinite(w).all() for w in pair.get_weights())),
+            "applied": int(pair.optimizer.iterations.numpy())}
+
+# House prices in dollars (examples/house_prices.py): the head's output passes float16's
+# range; the guard keeps the whole batch from the replicas' shares and names the layer.
+import importlib.util
+spec = importlib.util.spec_from_file_location("house_prices", "HOUSE_PRICES")
+house = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(house)
+floored = PrecisionConfig.from_dict({"policy": "mixed_float16",
+                                     "loss_scale": {"kind": "dynamic", "floor": 1e-6}})
+for run, config, guarded in (("float32", PrecisionConfig(), False),
+                             ("unguarded", floored, False), ("guarded", floored, True)):
+    keras.utils.set_random_seed(0)
+    with config.scope(), strategy.scope():
+        model = house.build_model()
+        model.compile(optimizer=config.wrap_optimizer(house.make_optimizer()), loss=house.LOSS,
+                      **config.compile_kwargs())
+    guard = config.guard(verbose=0)
+    history = model.fit(*house.train_data(), batch_size=house.BATCH_SIZE, epochs=12,
+                        shuffle=False, verbose=0, validation_data=house.val_data(),
+                        callbacks=[guard] if guarded else [])
+    found["house", run] = {"val_loss": history.history["val_loss"][-1],
+                           "events": [event.to_dict() for event in guard.events],
+                           "policy": guard.config.policy,
+                           "float32": list(guard.config.float32.layers),
+                           "dense": model.layers[-2].dtype_policy.name}
 print("FOUND " + json.dumps({str(k): v for k, v in found.items()}, default=str))
 '''
 
 
 def _run(script: str, cwd) -> dict:
+    script = script.replace("HOUSE_PRICES", str(ROOT / "examples" / "house_prices.py"))
     done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True,
                           text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -106,8 +142,13 @@ def _run(script: str, cwd) -> dict:
     return json.loads(line[len("FOUND "):])
 
 
-def test_a_config_and_its_guard_under_mirrored_strategy_over_two_devices(tmp_path):
-    found = _run(DISTRIBUTED, tmp_path)
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory):
+    return _run(DISTRIBUTED, tmp_path_factory.mktemp("distributed"))
+
+
+def test_a_config_and_its_guard_under_mirrored_strategy_over_two_devices(distributed):
+    found = distributed
     assert found["replicas"] == 2
     assert found["policies"] == {"dense": "mixed_float16", "dense_1": "mixed_float16",
                                  "softmax": "float32"}
@@ -116,23 +157,39 @@ def test_a_config_and_its_guard_under_mirrored_strategy_over_two_devices(tmp_pat
     assert found["healthy"]["events"] == 0
     assert all(loss == loss for loss in found["healthy"]["loss"])   # finite, trained
     assert found["healthy"]["loss"][-1] < found["healthy"]["loss"][0]
-    # A NaN: the weights are lost without the guard, restored with it (no layer named: the
-    # distributed iterator's batch is not kept).
+    # A NaN in the data: the weights are lost without the guard; with it the batch (its
+    # replicas' shares together) is seen to hold the NaN, and skipped.
     assert not found["('nan', False)"]["finite"]
     guarded = found["('nan', True)"]
     assert guarded["finite"] and guarded["events"]
     event = guarded["events"][0]
-    assert event["kind"] == "non_finite_loss" and event["action"].startswith("restored step")
-    assert event["cause"] == "no batch to diagnose on" and event["layers"] == []
+    assert event["kind"] == "non_finite_loss" and "skipped a batch holding NaN" in event["action"]
+    assert event["cause"] == "the batch itself holds NaN or inf" and event["layers"] == []
     # A loss scale that keeps collapsing: one repair, then every layer in float32.
     overflow = found["overflow"]
     assert "every layer to float32" in overflow["events"][-1]["action"]
     assert set(overflow["layers"]) == {"float32"}
     assert overflow["last_loss"] == overflow["last_loss"]   # not NaN
-    # data= under a strategy: refused in one line, naming the strategy and what to do.
-    said = found["data"]
-    assert said.startswith("precision guard: data= cannot be diagnosed on under tf.distribute")
-    assert "leave data= out" in said and "\n" not in said
+
+
+def test_a_step_is_skipped_where_any_replica_overflows(distributed):
+    """Keras's own scale applies the step when the first replica's gradients are finite, though
+    the second's are not (NaN weights); the config's skips it, whichever replica overflows."""
+    assert distributed["('replicas', 'keras', 1)"] == {"finite": False, "applied": 1}
+    assert distributed["('replicas', 'keras', 0)"] == {"finite": True, "applied": 0}
+    for second in (0, 1):
+        assert distributed[f"('replicas', 'ours', {second})"] == {"finite": True, "applied": 0}
+
+
+def test_under_a_strategy_the_guard_names_the_layer_and_keeps_the_policy(distributed):
+    float32, unguarded, guarded = (distributed[f"('house', '{run}')"]
+                                   for run in ("float32", "unguarded", "guarded"))
+    assert not math.isfinite(unguarded["val_loss"])   # the head's output past 65504
+    assert guarded["val_loss"] <= 1.5 * float32["val_loss"]
+    assert guarded["events"][0]["layers"] == ["price"]
+    assert "moved price to float32" in guarded["events"][0]["action"]
+    assert guarded["policy"] == "mixed_float16" and guarded["float32"] == ["price"]
+    assert guarded["dense"] == "mixed_float16"
 
 
 SAVED = r'''

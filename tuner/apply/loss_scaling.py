@@ -17,8 +17,37 @@ from tuner.apply.weight_update import wrap
 
 
 
+class _SkipsOnEveryReplica(keras.optimizers.LossScaleOptimizer):
+    """Under ``tf.distribute``, Keras's ``LossScaleOptimizer`` decides whether to apply a step
+    from the first replica's gradients alone, before they are summed: where another replica's
+    are non-finite (its share of the batch overflowed), the step is applied, the sum is
+    non-finite, and the weights become NaN. Here the step is applied only where every
+    replica's gradients are finite."""
+
+    def _tf_apply(self, grads, trainable_variables=None):
+        import tensorflow as tf
+
+        if tf.distribute.in_cross_replica_context() \
+                or tf.__internal__.distribute.strategy_supports_no_merge_call():
+            return super()._tf_apply(grads, trainable_variables)
+
+        def apply_where_finite_everywhere(strategy, grads, variables):
+            verdicts = strategy.experimental_local_results(
+                strategy.extended.call_for_each_replica(self.check_finite, args=(grads,)))
+            finite = tf.reduce_all(tf.stack([tf.identity(each) for each in verdicts]))
+
+            def apply():
+                strategy.extended.call_for_each_replica(self._stateful_handle_finite_grads,
+                                                        args=(grads, variables))
+
+            keras.ops.cond(finite, apply, self._stateful_handle_non_finite_grads)
+
+        tf.distribute.get_replica_context().merge_call(apply_where_finite_everywhere,
+                                                       args=(grads, trainable_variables))
+
+
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class FlooredLossScaleOptimizer(_SkipsOnEveryReplica):
     """A dynamic ``LossScaleOptimizer`` whose scale never drops below ``floor``.
 
     Keras's own scale halves on every non-finite step and can decay towards zero, after which
@@ -50,7 +79,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
 
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FixedLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class FixedLossScaleOptimizer(_SkipsOnEveryReplica):
     """A ``LossScaleOptimizer`` whose scale stays at ``initial_scale``: it neither halves nor
     grows, and a step with non-finite gradients is skipped rather than applied.
 

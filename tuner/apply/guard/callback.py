@@ -68,9 +68,8 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     standard deviations of the recent log loss make a spike; ``check_every``: steps between
     per-layer float32 comparisons on the kept batch (also at each epoch's end; None: never);
     ``float32_check``: data (``(x, y)`` or a dataset) to evaluate on as-is and in float32
-    each epoch; ``data``: a batch to diagnose on where the guard cannot keep the training's
-    own (a distributed iterator; refused under ``tf.distribute``, where no layer is
-    diagnosed); ``verbose``: 0 silences the one line per event.
+    each epoch; ``data``: a batch to diagnose on before the training's own is kept (or as well
+    as it: it is used where no batch was kept); ``verbose``: 0 silences the one line per event.
     """
 
     def __init__(self, config: ConfigData, *, snapshot_every: int = 50,
@@ -112,7 +111,6 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
-        readings.refuse_data_under_distribution(model, self.data)
         self._keeper.wrap(model)  # fit made its train function before calling us
         readings.build_optimizer(model)   # so that the first snapshot holds its state
         self._tracker = readings.loss_tracker(model)
@@ -211,7 +209,7 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             return Failure.SCALE_AT_FLOOR, (f"loss scale {watch.scale():g} at its floor "
                                             f"{watch.floor:g} and {watch.skipped_run} updates "
                                             "skipped there")
-        # Collapsed: at its floor though the kept batch fits higher (none under tf.distribute).
+        # Collapsed: at its floor though the kept batch fits higher.
         if at_floor and watch.floor_steps == self.max_skipped and self._batch() is not None \
                 and self._collapsed(watch):
             return Failure.SCALE_COLLAPSED, (f"loss scale {watch.scale():g} at its floor for "

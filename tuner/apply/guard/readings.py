@@ -11,7 +11,6 @@ import numpy as np
 
 from tuner.apply.guard import cause
 from tuner.apply.loss_scaling import held_optimizers
-from tuner.errors import UsageError
 
 
 def build_optimizer(model: keras.Model) -> None:
@@ -35,20 +34,6 @@ def loss_traceable(model: keras.Model) -> bool:
     """Can the guard compute the model's loss on a batch itself (a ``call`` and a compiled
     loss)? Where it cannot, it learns what a loss scale does from the model's own step."""
     return traceable(model) and getattr(model, "_compile_loss", None) is not None
-
-
-def refuse_data_under_distribution(model: keras.Model, data: Any) -> None:
-    """Under ``tf.distribute`` the model's variables are mirrored, and the probe that names a
-    layer (``cause.probe``) cannot take their gradients outside a replica: ``data=`` there is
-    refused in one line rather than failing at the first trip (the guard goes on without a
-    batch: it restores and rescales, naming no layer)."""
-    import tensorflow as tf
-
-    if data is not None and any(isinstance(variable.value, tf.distribute.DistributedValues)
-                                for variable in model.trainable_variables[:1]):
-        raise UsageError("precision guard: data= cannot be diagnosed on under tf.distribute "
-                         "(no layer probe outside a replica); leave data= out: the guard then "
-                         "restores and rescales, without naming a layer")
 
 
 def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:

@@ -12,8 +12,9 @@ The batch is kept by wrapping ``model.train_function``, outside the compiled ste
 takes the next batch from the iterator ``fit`` hands it, keeps a reference to it (no copy), and
 passes it to Keras's own step function, compiled as Keras compiled it. So it works the same with
 and without XLA (``jit_compile=True``, Keras's default wherever a GPU is visible) and the
-computation is unchanged. A distributed iterator (``tf.distribute``) is passed through as it
-is: there the guard diagnoses on ``data=`` if it was given one.
+computation is unchanged. Under ``tf.distribute`` the element it takes holds one share per
+replica: each replica trains on its own, and the batch kept for a diagnosis is the shares put
+back together (``_whole_batch``).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class BatchKeeper:
         keeper = self
 
         def train_function(iterator):
-            if not isinstance(iterator, tf.data.Iterator):  # distributed: Keras's own way
+            if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
                 return keras_function(iterator)
             batches = []
             for _ in range(max(1, int(model.steps_per_execution))):
@@ -94,8 +95,9 @@ class BatchKeeper:
                     break
             if not batches:
                 raise StopIteration  # the end of the data, as fit expects it
-            keeper._batch = batches[-1]
-            # A list is not a tf.data iterator: Keras runs its compiled step on each element.
+            keeper._batch = _whole_batch(model, batches[-1])
+            # A list is not an iterator: Keras runs its compiled step on each element (under a
+            # strategy, each replica on its own share of the distributed element).
             return keras_function(batches)
 
         train_function._precision_guard = True
@@ -117,3 +119,23 @@ class BatchKeeper:
     def batch(self) -> Any | None:
         """The last batch in its own structure, or None before the first step."""
         return self._batch
+
+
+def _whole_batch(model: keras.Model, element: Any) -> Any:
+    """The batch as the step saw it in all: under ``tf.distribute`` a distributed element holds
+    one share per replica, put back together here (the diagnosis then runs on every sample the
+    step ran on, outside any replica, its variables read from the first device); elsewhere the
+    element itself."""
+    import tensorflow as tf
+
+    if not any(isinstance(t, tf.distribute.DistributedValues) for t in tf.nest.flatten(element)):
+        return element
+    local = model.distribute_strategy.experimental_local_results
+
+    def joined(value):
+        if not isinstance(value, tf.distribute.DistributedValues):
+            return value
+        shares = [tf.identity(share) for share in local(value)]
+        return shares[0] if len(shares) == 1 else tf.concat(shares, axis=0)
+
+    return tf.nest.map_structure(joined, element)
