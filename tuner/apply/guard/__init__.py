@@ -1,13 +1,19 @@
 """The precision guard: a Keras callback that watches a user's whole training under a config
-and repairs it when 16-bit training fails (``callback``: ``PrecisionGuard``, its checks and its
-repair ladder), the per-step loss and its noise (``watch``), the host-memory snapshot of
-weights and optimizer state and the last training batch kept for diagnosis (``state``), the
-cause of a failure found on that batch, each repair verified before it is kept (``cause``),
-each 16-bit layer's output against its float32 computation, which finds the layers that
-fail silently (``fidelity``), the kept batch's loss against float32's, which finds a
-precision loss no layer shows (``precision_loss``), the smallest set of layers whose float32
-brings the model back (``float32_set``), each optimizer's loss scale and the largest scale
-at which a step applies (``scales``), the kinds of failure (``failures``), what it
-records (``events``), what it reads from Keras (``readings``), and what a guarded training
-reports: its MLflow record and the lines of ``precision-tuner train``'s training (``report``).
+and repairs it when 16-bit training fails.
+
+One shape: detectors (``detectors``: each answers "did this step or epoch fail, and what did
+it see?") give a typed failure (``failures``), which one repair ladder answers, its rungs
+tried in order (``ladder``), and each trip is a typed event (``events``) in ``guard.events``,
+MLflow and the lines of ``precision-tuner train``. ``callback`` (``PrecisionGuard``) holds
+them together on Keras's hooks; ``training`` is what both sides share of the watched
+training (the model, the config as repaired, the snapshots, the kept batch, the loss scales).
+
+Beneath them: the per-step loss and its noise (``watch``), the host-memory snapshot of weights
+and optimizer state and the last training batch kept for diagnosis (``state``), the cause of a
+failure found on that batch and the moves of one layer (``cause``), each 16-bit layer's output
+against its float32 computation (``fidelity``), the kept batch's loss against float32's
+(``precision_loss``), the smallest set of layers whose float32 brings the model back
+(``float32_set``), each optimizer's loss scale and the largest scale at which a step applies
+(``scales``), what it reads from Keras (``readings``), and what a guarded training reports in
+MLflow (``report``).
 """

@@ -13,11 +13,12 @@ costs the model what it learns, with every layer's own output within 1%). After 
 non-finite validation loss, and (``float32_check=``, off by default: it costs two evaluations)
 the same judgement on the check's data.
 
-A repair is one trip, sized by what the failing batch shows (``repairs``): restore the last
-snapshot, move every layer the batch shows at fault (non-finite, disagreeing with float32, or
-overflowing backward even at the loss scale's floor), and for a precision failure those do not
-bring back the smallest set of layers whose float32 does (``float32_set``); lower the floor or
-reset a collapsed scale. A precision failure in the training's first ``EARLY`` share restarts
+Each check is a detector (``detectors``), asked in the order of ``STEP_DETECTORS`` and
+``EPOCH_DETECTORS``; the first failure found is one trip of the repair ladder (``ladder``),
+sized by what the failing batch shows: restore the last snapshot, move every layer the batch
+shows at fault (non-finite, disagreeing with float32, or overflowing backward even at the loss
+scale's floor), and for a precision failure those do not bring back the smallest set of
+layers whose float32 does (``float32_set``); lower the floor or reset a collapsed scale. A precision failure in the training's first ``EARLY`` share restarts
 it from its start. The last resort (mixed policies: every layer in float32) ends the watch;
 under pure 16-bit policies, where layers cannot move mid-training (the guard records them in
 ``guard.config`` for next time), running out of repairs raises ``GuardError``. A config whose
@@ -30,24 +31,23 @@ history is the same bit for bit (tests/guard/test_guard.py).
 
 from __future__ import annotations
 
-import math
 import sys
-import time
-from typing import Any, Sequence
+from typing import Any
 
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import cause, fidelity, precision_loss, readings, scales
+from tuner.apply.guard import detectors, readings, report
+from tuner.apply.guard.detectors import Detector, Finding, StepReading
 from tuner.apply.guard.events import GuardEvent
-from tuner.apply.guard.failures import Failure, Notice
-from tuner.apply.guard.repairs import Repairs
-from tuner.apply.guard.state import BatchKeeper, Snapshot
-from tuner.apply.guard.watch import LossSeries, Spacing, SpikeWatch
+from tuner.apply.guard.failures import Notice
+from tuner.apply.guard.ladder import Ladder
+from tuner.apply.guard.training import Training
+from tuner.apply.guard.watch import LossSeries
 from tuner.apply.reach import unreached_model
 from tuner.errors import GuardError
 
-__all__ = ["GuardError", "PrecisionGuard"]   # GuardError is raised from .repairs
+__all__ = ["GuardError", "PrecisionGuard"]
 
 
 # The share of training time each check on the kept batch (the per-layer float32 comparison,
@@ -58,7 +58,7 @@ CHECK_BUDGET = 0.02
 EARLY = 0.25
 
 
-class PrecisionGuard(Repairs, keras.callbacks.Callback):
+class PrecisionGuard(keras.callbacks.Callback):
     """Watch and repair a training under ``config``; add it to ``model.fit(callbacks=[...])``.
 
     ``snapshot_every``: steps between host-memory snapshots (weights and optimizer state);
@@ -77,7 +77,6 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
                  check_every: int | None = 200, float32_check: Any = None, data: Any = None,
                  verbose: int = 1) -> None:
         super().__init__()
-        self.config = config
         self.snapshot_every = readings.positive_int("snapshot_every", snapshot_every)
         self.max_repairs = readings.positive_int("max_repairs", max_repairs)
         self.max_skipped = readings.positive_int("max_skipped", max_skipped)
@@ -85,39 +84,45 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             readings.positive_int("check_every", check_every)
         self.spike_sigmas = float(spike_sigmas)
         self.float32_check = float32_check
-        self.data = data
         self.verbose = verbose
         self.events: list[GuardEvent] = []
         self.history: list[dict[str, Any]] = []   # per-epoch figures
-        self.repairs = 0
-        self.snapshot_bytes = 0
-        self._keeper = BatchKeeper()
-        self._spikes = SpikeWatch(sigmas=self.spike_sigmas)
+        self._training = Training(config, data)
+        self._ladder = Ladder(self._training, self.max_repairs)
+        layers = detectors.SilentLayers(self.check_every, CHECK_BUDGET)
+        loss = detectors.PrecisionLoss(self.check_every, CHECK_BUDGET)
+        # The checks, in the order they are asked: the first failure found is repaired.
+        self._step_detectors: tuple[Detector, ...] = (
+            detectors.NonFiniteLoss(), detectors.LossScales(self.max_skipped),
+            detectors.LossSpikes(self.spike_sigmas), layers, loss)
+        self._epoch_detectors: tuple[Detector, ...] = (
+            detectors.NonFiniteValidation(), detectors.Float32Gap(), layers, loss)
         self._losses = LossSeries()
-        self._snapshot: Snapshot | None = None
-        self._step = self._epoch_base = 0   # steps trained in this fit, before this epoch
-        self._epoch = 0
-        self._scales: list[scales.ScaleWatch] = []   # one per optimizer the model holds
-        self._layer_checks = Spacing(self.check_every, CHECK_BUDGET)
-        self._loss_checks = Spacing(self.check_every, CHECK_BUDGET)
-        self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
-        self._float32_check = precision_loss.Float32CheckWatch()
-        self._loss_gap = precision_loss.LossGapWatch()
-        self._found_nothing = 0
-        self._tried: list[str] = []
-        self._start: Snapshot | None = None
-        self._settled = False   # after the last resort: a float32 training, not watched
+        self._epoch_base = 0   # steps trained in this fit before this epoch
+
+    # -- what the guard reports --------------------------------------------------------------
+    @property
+    def config(self) -> ConfigData:
+        """The config as applied, with every repair so far (what to train with next time)."""
+        return self._training.config
+
+    @property
+    def data(self) -> Any:
+        return self._training.data
+
+    @property
+    def repairs(self) -> int:
+        return self._ladder.repairs
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return self._training.snapshot_bytes
 
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
-        self._keeper.wrap(model)  # fit made its train function before calling us
-        readings.build_optimizer(model)   # so that the first snapshot holds its state
+        self._training.begin(model)
         self._tracker = readings.loss_tracker(model)
-        self._scales = scales.watches(model, self.config.loss_scale.floor)
-        self._traceable = readings.traceable(model)
-        self._take_snapshot()
-        self._start = self._snapshot   # kept through the training's first EARLY share
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
             self._record(Notice.PRECISION_UNREACHED, unreached, (), "nothing to repair",
@@ -127,34 +132,35 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
         self._close()
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
-        self._epoch = epoch
-        self._epoch_base = self._step
-        for watch in self._scales:
+        training = self._training
+        training.epoch = epoch
+        self._epoch_base = training.step
+        for watch in training.scales:
             watch.skipped_epoch = 0
         self._losses.reset()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if self._settled:
+        training = self._training
+        if training.settled:
             return
         logs = logs or {}
-        before = self._step
-        self._step = self._epoch_base + int(batch) + 1
-        steps = max(1, self._step - before)
-        for watch in self._scales:
-            watch.stepped(steps)
-        kind, seen, watch = self._check_step(self._step_loss(logs), logs)
-        if kind is None:
-            kind, seen = self._check_batch(at_epoch_end=False)
-        if kind is not None:
-            self._trip(kind, seen, watch)
-        elif self._snapshot is None or not self._snapshot.complete \
-                or self._step - self._snapshot.step >= self.snapshot_every:
-            self._take_snapshot()
-        if self._start is not None and not self._early():
-            self._start = None
+        before = training.step
+        training.step = self._epoch_base + int(batch) + 1
+        for watch in training.scales:
+            watch.stepped(max(1, training.step - before))
+        step = StepReading(self._step_loss(logs), logs)
+        found = next((finding for detector in self._step_detectors
+                      if (finding := detector.after_step(training, step)) is not None), None)
+        if found is not None:
+            self._repair(found)
+        elif training.snapshot_due(self.snapshot_every):
+            training.take_snapshot()
+        if training.start is not None and not self._early():
+            training.start = None
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs or {}
+        training = self._training
         figures = {"epoch": epoch, "loss": readings.scalar(logs.get("loss")),
                    "val_loss": readings.scalar(logs.get("val_loss")),
                    **self._scale_figures()}
@@ -162,127 +168,68 @@ class PrecisionGuard(Repairs, keras.callbacks.Callback):
             figures.update(readings.evaluate_as_is_and_in_float32(self.model,
                                                                   self.float32_check))
         self.history.append(figures)
-        if self._settled:
+        if training.settled:
             return
-        val = figures["val_loss"]
-        if val is not None and not math.isfinite(val):
-            self._trip(Failure.VAL_NON_FINITE, f"validation loss {val}")
-            return
-        if self.float32_check is not None:
-            seen = self._float32_check.judge(figures["check_loss"], figures["check_loss_float32"])
-            if seen is not None:
-                self._trip(Failure.FLOAT32_GAP, seen)
-                return
-        kind, seen = self._check_batch(at_epoch_end=True)
-        if kind is not None:
-            self._trip(kind, seen)
+        found = next((finding for detector in self._epoch_detectors
+                      if (finding := detector.after_epoch(training, figures)) is not None), None)
+        if found is not None:
+            self._repair(found)
 
     def _early(self) -> bool:
         """Within the first ``EARLY`` of the training's steps (the first epoch where fit does
         not know how many steps an epoch has)."""
         epochs, steps = self.params.get("epochs"), self.params.get("steps")
         if not epochs or not steps:
-            return self._epoch == 0
-        return self._step <= EARLY * epochs * steps
-
-    # -- checks ------------------------------------------------------------------------------
-    def _check_step(self, loss: float | None, logs: dict
-                    ) -> tuple[Failure | None, str, scales.ScaleWatch | None]:
-        own = {} if loss is not None else {   # a train_step's own losses (a GAN's d_loss)
-            name: readings.scalar(value) for name, value in logs.items() if name.endswith("loss")}
-        for name, value in [("loss", loss), *own.items()]:
-            if value is not None and not math.isfinite(value):
-                return Failure.NON_FINITE_LOSS, f"{name} {value}", None
-        for watch in self._scales:
-            kind, seen = self._check_scale(watch)
-            if kind is not None:
-                return kind, watch.owner() + seen, watch
-        if loss is not None and self._spikes.is_spike(loss):
-            return Failure.LOSS_SPIKE, (f"loss {loss:.4g} above the recent level's bar "
-                                        f"{self._spikes.threshold():.4g}"), None
-        return None, "", None
-
-    def _check_scale(self, watch: scales.ScaleWatch) -> tuple[Failure | None, str]:
-        at_floor = watch.at_floor()
-        watch.floor_steps = watch.floor_steps + 1 if at_floor else 0
-        if at_floor and watch.skipped_run >= 3:
-            return Failure.SCALE_AT_FLOOR, (f"loss scale {watch.scale():g} at its floor "
-                                            f"{watch.floor:g} and {watch.skipped_run} updates "
-                                            "skipped there")
-        # Collapsed: at its floor though the kept batch fits higher.
-        if at_floor and watch.floor_steps == self.max_skipped and self._batch() is not None \
-                and self._collapsed(watch):
-            return Failure.SCALE_COLLAPSED, (f"loss scale {watch.scale():g} at its floor for "
-                                             f"{watch.floor_steps} steps, though the batch's "
-                                             f"gradients fit float16 at "
-                                             f"{self._fitting_scale(watch):g}")
-        if watch.skipped_run >= self.max_skipped:
-            return Failure.SKIPPED_UPDATES, f"{watch.skipped_run} updates skipped in a row"
-        return None, ""
-
-    def _check_batch(self, at_epoch_end: bool) -> tuple[Failure | None, str]:
-        """The checks on the kept batch, each when due (``watch.Spacing``): each 16-bit layer
-        against float32, then the model's loss against float32's."""
-        if self._batch() is None or self.config.compute_dtype == "float32" \
-                or not self._traceable:
-            return None, ""
-        for spacing, check in ((self._layer_checks, self._compare_layers),
-                               (self._loss_checks, self._compare_loss)):
-            started = time.perf_counter()
-            if spacing.due(self._step, at_epoch_end, started):
-                try:
-                    kind, seen = check(self._batch())
-                finally:
-                    spacing.ran(self._step, started, time.perf_counter())
-                if kind is not None:
-                    return kind, seen
-        return None, ""
-
-    def _compare_layers(self, batch) -> tuple[Failure | None, str]:
-        """A layer broken on at least half the batch, or beyond any rounding at two checks in
-        a row, is a silent failure."""
-        x = keras.utils.unpack_x_y_sample_weight(batch)[0]
-        found = [item for item in fidelity.compare_layers(self.model, x)
-                 if item.layer not in self.config.float32.layers]
-        self._suspects = {item.layer: self._suspects.get(item.layer, 0) + 1 for item in found}
-        lasting = [item for item in found
-                   if item.broken >= 0.5 or self._suspects[item.layer] >= 2]
-        if lasting:
-            return Failure.SILENT_LAYER, "; ".join(item.describe() for item in lasting)
-        return None, ""
-
-    def _compare_loss(self, batch) -> tuple[Failure | None, str]:
-        seen = self._loss_gap.check(self.model, batch)
-        return (Failure.PRECISION_LOSS, seen) if seen else (None, "")
+            return self._training.epoch == 0
+        return self._training.step <= EARLY * epochs * steps
 
     # -- repairing ---------------------------------------------------------------------------
-    def _record(self, kind: str, seen: str, layers: Sequence[str], action: str,
-                why: str) -> None:
-        event = GuardEvent(self._epoch + 1, self._step, kind, seen, tuple(layers), why, action)
+    def _repair(self, found: Finding) -> None:
+        trip = self._ladder.climb(found)
+        if trip.stop:
+            self._stop(found.seen)
+        training = self._training
+        self.model.reset_metrics()
+        for watch in training.scales:   # the snapshot's counts
+            watch.iterations, watch.skipped_run = watch.read_iterations(), 0
+        self._losses.reset()
+        for detector in {id(each): each for each in
+                         self._step_detectors + self._epoch_detectors}.values():
+            detector.after_trip(restored=trip.restored is not None)
+        self._record(trip.kind, trip.seen, trip.moved, trip.action, trip.why)
+
+    def _stop(self, seen: str) -> None:
+        """Out of repairs with no last resort: stop the training, cleanly (Keras does not call
+        ``on_train_end`` when a callback raises)."""
+        training = self._training
+        self.model.stop_training = True
+        message = (f"precision guard: {seen} at epoch {training.epoch + 1} step {training.step} "
+                   f"after {self.repairs} repairs (tried: "
+                   f"{'; '.join(self._ladder.tried) or 'nothing'}); "
+                   "stopping. Train with guard.config, or in float32.")
+        self._record(Notice.GAVE_UP, seen, (), "stopped the training", message)
+        self._close()
+        raise GuardError(message)
+
+    def _record(self, kind: str, seen: str, layers, action: str, why: str) -> None:
+        training = self._training
+        event = GuardEvent(training.epoch + 1, training.step, kind, seen, tuple(layers), why,
+                           action)
         self.events.append(event)
         if self.verbose:
             print(f"\n{event.line()}", file=sys.stderr, flush=True)
 
+    def _close(self) -> None:
+        self._training.keeper.unwrap()
+        report.log_to_mlflow(self.history, [event.to_dict() for event in self.events],
+                             self.config)
+
     # -- reading the training ----------------------------------------------------------------
-    def _retrace(self) -> None:
-        cause.retrace(self.model)
-        self._keeper.rewrap()
-
-    def _take_snapshot(self) -> None:
-        snapshot = Snapshot(self.model, self._step)
-        if snapshot.finite and not any(watch.skipped_run for watch in self._scales):
-            self._snapshot = snapshot
-            self.snapshot_bytes = snapshot.nbytes
-
-    def _batch(self):
-        batch = self._keeper.batch()
-        return batch if batch is not None else self.data
-
     def _scale_figures(self) -> dict[str, Any]:
         """Each optimizer's loss scale and skipped steps this epoch (``loss_scale``,
         ``skipped_steps`` for ``model.optimizer``; suffixed by its name for any other)."""
         figures: dict[str, Any] = {"loss_scale": None, "skipped_steps": 0}
-        for watch in (watch for watch in self._scales if watch.applied):
+        for watch in (watch for watch in self._training.scales if watch.applied):
             suffix = "" if watch.name == "optimizer" else f"_{watch.name}"
             figures[f"loss_scale{suffix}"] = watch.scale()
             figures[f"skipped_steps{suffix}"] = watch.skipped_epoch

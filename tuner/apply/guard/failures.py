@@ -2,8 +2,8 @@
 ``events.GuardEvent``'s ``kind`` is one of these, kept as its plain string value (the MLflow
 artifact and ``precision-tuner train``'s record are JSON).
 
-Failures, each found by a check of the callback and answered by one trip of the repair ladder
-(tuner.apply.guard.repairs):
+Failures, each found by a detector (tuner.apply.guard.detectors) and answered by one trip of the
+repair ladder (tuner.apply.guard.ladder):
 
 - ``non_finite_loss``: a step's loss is NaN or inf.
 - ``scale_at_floor``: a dynamic loss scale at its floor while updates are still skipped there.

@@ -1,0 +1,143 @@
+"""What the guard holds of the training it watches (``Training``), shared by its detectors and
+its repair ladder: the model, the config as repaired so far, the last snapshot and the start
+(kept through the training's early share), the kept batch, one ``ScaleWatch`` per optimizer,
+and where the training is; and what is done to it from either side: snapshots taken and
+restored, a retrace after a dtype change, the config amended, the loss scale set, the last
+resort.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+
+from tuner.apply.config_data import ConfigData
+from tuner.apply.guard import cause, readings, scales
+from tuner.apply.guard.scales import ScaleWatch
+from tuner.apply.guard.state import BatchKeeper, Snapshot
+
+
+class Training:
+    """The watched training. ``config``: the config as applied, amended by every repair (what
+    ``guard.config`` returns); ``data``: a batch to diagnose on where none was kept yet."""
+
+    def __init__(self, config: ConfigData, data: Any = None) -> None:
+        self.config = config
+        self.data = data
+        self.model: keras.Model | None = None
+        self.keeper = BatchKeeper()
+        self.snapshot: Snapshot | None = None
+        self.start: Snapshot | None = None     # the training's first state, while it is early
+        self.snapshot_bytes = 0
+        self.scales: list[ScaleWatch] = []     # one per optimizer the model holds
+        self.traceable = True                  # False: no call to run the model's layers by
+        self.step = 0                          # steps trained in this fit
+        self.epoch = 0
+        self.settled = False   # after the last resort: a float32 training, not watched
+
+    def begin(self, model: keras.Model) -> None:
+        self.model = model
+        self.keeper.wrap(model)  # fit made its train function before the guard is called
+        readings.build_optimizer(model)   # so that the first snapshot holds its state
+        self.scales = scales.watches(model, self.config.loss_scale.floor)
+        self.traceable = readings.traceable(model)
+        self.take_snapshot()
+        self.start = self.snapshot
+
+    def batch(self) -> Any | None:
+        batch = self.keeper.batch()
+        return batch if batch is not None else self.data
+
+    @property
+    def sixteen_bit(self) -> bool:
+        """Is there anything of 16 bits to run layer by layer?"""
+        return self.config.compute_dtype != "float32" and self.traceable
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def take_snapshot(self) -> None:
+        snapshot = Snapshot(self.model, self.step)
+        if snapshot.finite and not any(watch.skipped_run for watch in self.scales):
+            self.snapshot = snapshot
+            self.snapshot_bytes = snapshot.nbytes
+
+    def snapshot_due(self, every: int) -> bool:
+        return self.snapshot is None or not self.snapshot.complete \
+            or self.step - self.snapshot.step >= every
+
+    def restore(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.restore(self.model)
+
+    def restart_from_start(self) -> None:
+        """A precision failure early on: the training so far is thrown away (its weights learned
+        to live with the rounding; float32 layers would start from weights fitted to it)."""
+        if self.start is not None:
+            self.snapshot, self.start = self.start, None
+
+    def retrace(self) -> None:
+        """Dtype policies and a loss scale's floor are read when a step is traced."""
+        cause.retrace(self.model)
+        self.keeper.rewrap()
+
+    # -- the config --------------------------------------------------------------------------
+    def amend(self, layers: tuple[str, ...]) -> None:
+        placement = self.config.float32
+        provenance = dict(self.config.provenance)
+        provenance["guard_repairs"] = [*provenance.get("guard_repairs", []), *layers]
+        self.config = dataclasses.replace(
+            self.config, provenance=provenance,
+            float32=dataclasses.replace(placement,
+                                        layers=tuple(dict.fromkeys(placement.layers + layers))))
+
+    def set_scale(self, watch: ScaleWatch, scale: float, fixed: bool) -> str:
+        """A fixed scale to ``scale``; a dynamic one's floor to ``scale`` and the scale itself
+        to where the batch fits (the headroom above the floor). The config keeps the lowest
+        each optimizer needed."""
+        optimizer, loss_scale = watch.optimizer, self.config.loss_scale
+        optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**cause.FLOOR_HEADROOM)
+        optimizer.step_counter.assign(0)
+        if fixed:
+            optimizer.initial_scale = scale
+            self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
+                loss_scale, value=min(scale, loss_scale.value or scale)))
+            return (f"{watch.owner()}fixed loss scale lowered to {scale:g} (gradients overflow "
+                    "float16 at it)")
+        watch.floor = scale
+        if hasattr(optimizer, "floor"):
+            optimizer.floor = scale
+        self.retrace()  # the floor is a constant in the traced step
+        self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
+            loss_scale, floor=min(scale, loss_scale.floor)))
+        return (f"{watch.owner()}loss scale floor lowered to {scale:g} (gradients overflow "
+                "float16 at the old floor)")
+
+    def fitting_scale(self, watch: ScaleWatch) -> float | None:
+        """The largest scale at which the kept batch's gradients fit (once a step)."""
+        if watch.fitted_at != self.step:
+            batch = self.batch()
+            watch.fitted = None if batch is None else scales.fitting_scale(
+                self.model, batch, watch, self.config.loss_scale.initial_scale)
+            watch.fitted_at = self.step
+        return watch.fitted
+
+    def collapsed(self, watch: ScaleWatch) -> bool:
+        """Does the scale sit at its floor needlessly? It does if the batch's gradients fit
+        float16 at a scale 2^4 above the floor or more."""
+        fitting = self.fitting_scale(watch)
+        return fitting is None or fitting >= watch.floor * 2.0**cause.FLOOR_HEADROOM
+
+    # -- the last resort ---------------------------------------------------------------------
+    def last_resort_left(self) -> bool:
+        return not self.config.weights_16bit and self.config.policy != "float32"
+
+    def last_resort(self, why: str) -> str:
+        self.restore()
+        cause.whole_model_float32(self.model)
+        self.retrace()
+        self.settled = True   # float32 from here: nothing of 16 bits is left to watch
+        self.config = dataclasses.replace(self.config, policy="float32",
+                                          loss_scale=type(self.config.loss_scale)(),
+                                          weight_update="nearest")
+        return f"every layer to float32 (last resort: {why})"
