@@ -299,6 +299,38 @@ def _ray_section() -> list[str]:
         "cores or more nodes ([parallel trials and clusters](how-to/clusters.md)).", ""]
 
 
+def _startup_section() -> list[str]:
+    """A tune's fixed cost against its floor, from benchmarks/results/startup_*.json."""
+    lines = []
+    for path in sorted(RESULTS.glob("startup_*.json")):
+        data = json.loads(path.read_text())
+        targets, m = data["targets"], data["machine"]
+        if not lines:
+            lines += ["## Start-up against its floor", "",
+                      "`python benchmarks/startup.py`: per example, a `--space quick` tune with "
+                      "no flag (the executor the default picks) against the floor any tool "
+                      "pays: a fresh process that imports TensorFlow, builds and compiles the "
+                      "task's model and runs one compiled step (median of fresh runs). Targets: "
+                      f"before the first trial <= {targets['floor_ratio']}x the floor, the "
+                      f"share of the wall time outside training and tracing <= "
+                      f"{targets['outside_share']}.", ""]
+        lines += [f"{data['label']}: {m['cpu']}, {m['cores']} cores; {data['date']}; "
+                  f"`{path.relative_to(ROOT)}`.", "",
+                  "| example | executor | floor | before the first trial | ratio | wall | "
+                  "outside share | shutdown |", "|---|---|---|---|---|---|---|---|"]
+        for r in data["examples"]:
+            executor = (r.get("executor") or {}).get("kind", "?")
+            lines.append(
+                f"| {r['example']} | {executor} | {r['floor_median_s']:.1f} s | "
+                f"{r['before_first_trial_s']:.1f} s | {r['floor_ratio']:.2f} "
+                f"({verdict(r['floor_ratio'], targets['floor_ratio'])}) | {r['wall_s']:.0f} s | "
+                f"{r['outside_share']:.2f} "
+                f"({verdict(r['outside_share'], targets['outside_share'])}) | "
+                f"{r['shutdown_s']:.1f} s |")
+        lines.append("")
+    return lines
+
+
 def write_doc() -> None:
     """docs/BENCHMARKS.md from every results file, so other machines' rows can be added."""
     DOC.parent.mkdir(parents=True, exist_ok=True)
@@ -389,6 +421,7 @@ def render_doc() -> str:
     reading = ROOT / "docs" / "_parts" / "benchmarks-reading.md"
     if reading.exists():
         lines += [reading.read_text().rstrip(), ""]
+    lines += _startup_section()
     lines += _ray_section()
     return "\n".join(lines)
 

@@ -74,8 +74,8 @@ OTHER = str(TASKS / "subclassed.py")
     (["ui", "--run-dir", "{tmp}"], "no MLflow store"),
     # flags that contradict each other or the run being resumed
     (["tune", TINY, "--executor", "local", "--workers", "2"],
-     "--workers and --ray-address need --executor ray. Received: --executor local --workers 2."
-     " Drop them, or pass --executor ray"),
+     "--workers and --ray-address need Ray. Received: --executor local --workers 2."
+     " Drop them, or pass --executor auto or ray"),
     (["tune", TINY, "--executor", "local", "--ray-address", "127.0.0.1:6379"],
      "Received: --executor local --ray-address 127.0.0.1:6379. Drop them"),
     (["tune", TINY, "--resume", "--run-dir", "{tmp}/fresh"], "holds no run to resume"),

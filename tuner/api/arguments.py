@@ -16,6 +16,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def workers_count(text: str) -> int | str:
+    """``auto`` or a positive whole number (``--workers``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") \
+            from None
+
+
 def count(text: str) -> int:
     """A whole number, 0 or more."""
     try:

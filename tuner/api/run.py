@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 from tuner import interrupt
-from tuner.api.arguments import gain, positive_int, ratio, seconds
+from tuner.api.arguments import gain, positive_int, ratio, seconds, workers_count
 from tuner.api.options import (GOES, JUDGE, RUNS, TRY, Option, checked, default_run_dir,
                                options_help)
 from tuner.api.result import BEST_FILE, TuneResult
@@ -110,15 +110,19 @@ def tune(
     time_limit: Annotated[int, Option(
         "per-trial time limit; a trial past it is killed [default: %(default)s]", RUNS,
         positive_int, "SECONDS")] = DEFAULT_TIME_LIMIT,
-    workers: Annotated[int, Option(
-        "trials run side by side on Ray (each worker a TensorFlow process); the winner is "
-        "always re-timed alone [default: %(default)s]", RUNS, positive_int)] = 1,
+    workers: Annotated[int | Literal["auto"], Option(
+        "trials side by side, each worker a TensorFlow process with its share of the CPUs "
+        "(more than one runs on Ray); auto: one per visible GPU, one without GPUs; the "
+        "winner is always re-timed alone [default: %(default)s]", RUNS,
+        workers_count)] = "auto",
     ray_address: Annotated[str | None, Option(
         "attach to an existing Ray cluster (auto, HOST:PORT or ray://...) instead of starting "
         "a local one", RUNS, metavar="ADDRESS", forwarded=False)] = None,
-    executor: Annotated[Literal["ray", "local"], Option(
-        "ray: trials on Ray actors; local: one plain subprocess, no Ray [default: "
-        "%(default)s]", RUNS, forwarded=False)] = "ray",
+    executor: Annotated[Literal["auto", "ray", "local"], Option(
+        "auto: the local worker process for one trial at a time on this machine, Ray for "
+        "several workers, --ray-address or a service job; ray: Ray actors always; local: "
+        "one plain subprocess, no Ray [default: %(default)s]", RUNS,
+        forwarded=False)] = "auto",
 ) -> TuneResult:
     """Tune ``task`` (a task file's path), or the model ``build_model`` builds, trained on
     ``train_data`` (arrays ``(x, y)`` or x alone, or a function returning them or a dataset)

@@ -21,6 +21,7 @@ from tuner import job_context
 from tuner.errors import UsageError
 from tuner.api.progress import live_progress
 from tuner.execution.local import LocalProcessExecutor
+from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.ray_pool import RayExecutor
 from tuner.records.diagnostics_report import conclusions
 from tuner.records.mlflow_stores import StagedStores, redact_uri
@@ -61,11 +62,8 @@ def run_tune(args) -> None:
     if not args.ray_address:  # trials run here: this environment needs TensorFlow
         require_tensorflow()
     run_dir = args.run_dir = args.run_dir or default_run_dir(task_path.stem)
-    if args.executor == "local" and (args.workers > 1 or args.ray_address):
-        given = ([f"--workers {args.workers}"] if args.workers > 1 else []) \
-            + ([f"--ray-address {args.ray_address}"] if args.ray_address else [])
-        raise UsageError("--workers and --ray-address need --executor ray. Received: "
-                         f"--executor local {' '.join(given)}. Drop them, or pass --executor ray.")
+    choice = choose(args.executor, args.workers, args.ray_address,
+                    service_job=job_context.job_id() is not None)
     store = RunStore(run_dir)
     previous = store.read_run() if store.exists else None
     if args.resume and previous is None:
@@ -85,7 +83,7 @@ def run_tune(args) -> None:
                   f"[bold]{plan.space.name}[/] ({budget}, {plan.describe_steps()})")
     staged = StagedStores(mlflow=not args.tracking_uri) if previous is None else None
     try:
-        with _executor(args, console) as executor:
+        with _executor(choice, args.ray_address, console) as executor:
             clock = TimeBreakdown()
             plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
                                                          started, importing=staged is None)
@@ -233,20 +231,24 @@ def _redact(uri: str) -> str:
     return redact_uri(uri)
 
 
-def _executor(args, console):
-    if args.executor == "local":
-        return LocalProcessExecutor()
-
-    where = f"Ray cluster at {_redact(args.ray_address)}" if args.ray_address \
-        else "a local Ray instance"
-    console.print(f"starting {args.workers} worker(s) on {where}...")
-    if job_context.job_id() is not None and args.ray_address:
+def _executor(choice: ExecutorChoice, ray_address: str | None, console):
+    """The executor ``choice`` names (tuner.execution.choice), said in one line; what it was
+    and why goes into run.json and MLflow with it."""
+    console.print(f"trials: {choice.line()}", markup=False)
+    if choice.kind == "local":
+        executor = LocalProcessExecutor()
+        executor.chosen = choice.to_dict()
+        return executor
+    where = f"Ray cluster at {_redact(ray_address)}" if ray_address else "a local Ray instance"
+    console.print(f"starting Ray workers on {where}...")
+    if job_context.job_id() is not None and ray_address:
         # A service job on the team's cluster: screen on a share of it, and wait for a
         # whole node (behind other jobs' re-measurements) rather than time on a busy one.
-        executor = RayExecutor(workers=args.workers, address=args.ray_address,
+        executor = RayExecutor(workers=choice.workers, address=ray_address,
                                worker_cpus=job_context.worker_cpus(), node_wait_s=3600.0)
     else:
-        executor = RayExecutor(workers=args.workers, address=args.ray_address)
+        executor = RayExecutor(workers=choice.workers, address=ray_address)
+    executor.chosen = {**choice.to_dict(), "workers": executor.workers}
     if executor.warm:
         console.print("the cluster keeps warm workers (the service's pool): this job borrows "
                       "them, TensorFlow already imported, and gives them back at its end")

@@ -45,6 +45,7 @@ class Executor(ABC):
     node_losses: Sequence[str] = ()        # a line per node lost mid-trial, for run.json
     log_path: str | None = None            # a worker log on this machine, copied to the run
     exclusive_phases: Sequence[dict] = ()  # when and where each exclusive session ran
+    chosen: dict | None = None             # which executor and why (tuner.execution.choice)
 
     @abstractmethod
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
@@ -75,6 +76,10 @@ class Executor(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop the workers this executor started."""
+
+    def shut_down(self) -> None:
+        """The job is done with the workers: stop what takes time to stop (Ray's instance),
+        inside the job's wall time. A worker that stops at once is left to ``close``."""
 
     def keep_live_only(self, specs: list[TrialSpec]) -> None:
         """Let the worker keep only these specs' models alive. An executor that keeps no

@@ -39,11 +39,13 @@ from tuner.execution.watchdog import share_fate
 class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
     """``workers`` actors; ``address=None`` starts (and later stops) a local Ray instance."""
 
-    def __init__(self, workers: int = 1, address: str | None = None,
+    def __init__(self, workers: int | None = 1, address: str | None = None,
                  worker_cpus: int | None = None,
                  node_wait_s: float = PLACEMENT_TIMEOUT_S) -> None:
         """``worker_cpus``: CPUs per screening worker (default: the cluster's CPUs shared out
-        among ``workers``; a service job takes a share, other jobs screen beside it).
+        among ``workers``, GPU or not, as the user's own training would have them; a service
+        job takes a share, other jobs screen beside it). ``workers=None``: one per GPU of the
+        cluster, one where it has none.
         ``node_wait_s``: how long ``exclusive()`` waits for a whole node before timing on a
         shared one (a service job waits its turn behind other jobs' re-measurements)."""
         import ray
@@ -51,7 +53,7 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         self.workers = workers
         self.address = address
         self.node_wait_s = node_wait_s
-        self._owns_ray = False
+        self._owns_ray = self._closed = False
         self._fate = None
         # When and where each exclusive session ran: plain data for run.json and MLflow.
         self.exclusive_phases: list[dict] = []
@@ -81,8 +83,12 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         resources = ray.cluster_resources()
         self.total_cpus = int(resources.get("CPU", 1))
         self.total_gpus = float(resources.get("GPU", 0))
+        if workers is None:
+            self.workers = workers = max(1, int(self.total_gpus))
         self.gpus_per_worker = min(1.0, self.total_gpus / workers) if self.total_gpus else 0.0
-        self.cpus_per_worker = max(1, self.total_cpus // workers) if not self.total_gpus else 1
+        # Each worker its share of the CPUs, with GPUs too: TensorFlow's host-side work (input,
+        # the step's launch) runs on them, and one thread times a slower host than the user's.
+        self.cpus_per_worker = max(1, self.total_cpus // workers)
         if worker_cpus:
             self.cpus_per_worker = max(1, min(worker_cpus, self.total_cpus))
         self._actor_class = trial_actor_class()
@@ -298,9 +304,17 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
             ray.get(self._slots[0].actor.keep_live_only.remote([s.to_dict() for s in specs]),
                     timeout=60)
 
+    def shut_down(self) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Stop the workers (a borrowed pool's go back) and the Ray this executor started;
+        once (the job closes it inside its wall time, the ``with`` again)."""
         import ray
 
+        if self._closed:
+            return
+        self._closed = True
         if self._lender is not None:
             # Idle workers go back; one still running a trial (the job was interrupted) is
             # replaced, as a job's own would be killed: no trial may outlive its job.

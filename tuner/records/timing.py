@@ -3,7 +3,8 @@
 A job's wall time is split into phases timed on the driver's clock: start-up (the command, Ray,
 the worker process and its TensorFlow import), the task check, the ceiling probe, the
 diagnostics, opening the records (the run directory, the MLflow store and parent run, the
-Optuna study), the search trials, the re-measurement, and the records and plots at the end;
+Optuna study), the search trials, the re-measurement, the workers' shutdown (Ray's, where it
+runs), and the records and plots at the end;
 whatever no phase covers is "other". Inside the two phases that run trials, the workers' own
 clocks say how the trials spent it: building the model (task, data, build, compile), tracing the training step (its first
 call), the training steps, and the rest of the worker's time; the driver adds the time it spent
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 
 # Phases in the order a job runs them.
 PHASES = ("start-up", "task check", "ceiling probe", "diagnostics", "opening records", "trials",
-          "re-measurement", "confirmation", "memory check", "records and plots")
+          "re-measurement", "confirmation", "memory check", "shutdown", "records and plots")
 # A precision whose ceiling is below this share of float32's speed cannot win on this device.
 CANNOT_WIN_BELOW = 0.5
 

@@ -34,7 +34,8 @@ from tuner.records.mlflow_stores import default_tracking_uri
 
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
-          task_info: dict[str, Any]) -> tuple[Any, Scheduler, list[str]]:
+          task_info: dict[str, Any], chosen: dict | None = None
+          ) -> tuple[Any, Scheduler, list[str]]:
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
@@ -66,10 +67,12 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
         f"tune {task_name} · {plan.space.name}"
         + (f" · job {job_context.job_id()}" if job_context.job_id() else ""),
         params={**plan.settings(), "slow_factor": plan.slow_factor,
-                "finalists": plan.finalists},
+                "finalists": plan.finalists,
+                **({"executor": chosen["kind"], "workers": chosen["workers"],
+                    "executor_why": chosen["why"]} if chosen else {})},
         tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description(),
               **job_context.parent_tags()})
-    store.write_run({**plan.settings(), "ceiling": task_info.get("ceiling"),
+    store.write_run({**plan.settings(), "ceiling": task_info.get("ceiling"), "executor": chosen,
                      "study_name": study_name, "parent_run_id": parent_id,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
@@ -105,7 +108,8 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info)
+    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info,
+                                executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
@@ -119,6 +123,8 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
         with clock.phase("memory check"):
             outcome.objective_lines.append(fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))
+    with clock.phase("shutdown"):   # Ray's shutdown too, where it runs: part of the wall time
+        executor.shut_down()
     with clock.phase("records and plots"):
         if records.outage is None:
             for row in scheduler.rows:

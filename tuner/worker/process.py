@@ -42,6 +42,21 @@ def start_local_worker() -> None:
 
     warnings.simplefilter("ignore")
     import_frameworks()  # pay the import once, before the first trial
+    configure_devices(threads=None, use_gpu=True)
+
+
+def configure_devices(threads: int | None, use_gpu: bool) -> None:
+    """Before TensorFlow runs its first op: GPU memory that grows as it is used (a trial after
+    another, and the user's other processes, find it free), and ``threads`` for the host's
+    work (None: TensorFlow's default, every core)."""
+    import tensorflow as tf
+
+    if use_gpu:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
 
 
 def run_for_peak_rss(spec_dict: dict) -> dict:
@@ -75,14 +90,7 @@ class TrialWorker:
     def __init__(self, threads: int, use_gpu: bool, node: str = "") -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import_frameworks()  # before anything else imports TensorFlow: see there
-        import tensorflow as tf
-
-        # Must happen before TensorFlow runs its first op.
-        if use_gpu:
-            for gpu in tf.config.list_physical_devices("GPU"):
-                tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        configure_devices(threads, use_gpu)
         self._node = node
 
     def node(self) -> str:
