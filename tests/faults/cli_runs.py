@@ -77,7 +77,7 @@ def _run_until(args, marker, fault_name="none", env=None):
 
 
 SLOW_TASK = str(ROOT / "tests" / "tasks" / "slow_steps.py")
-KILL_RUN = ("--executor", "local", "--steps", "12", "--finalists", "1")
+KILL_RUN = ("--steps", "12", "--finalists", "1")   # the default executor: the local worker
 
 
 def _free_port() -> int:

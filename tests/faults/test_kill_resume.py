@@ -16,9 +16,9 @@ from tests.faults.cli_runs import (KILL_RUN, SLOW_TASK, _run_until, assert_accou
 pytestmark = pytest.mark.slow
 
 
-def _resume_and_check(run_dir, before, fault, asked=4):
-    completed = run(command(run_dir, *KILL_RUN, "--trials", str(asked), task=SLOW_TASK,
-                            space="quick"))
+def _resume_and_check(run_dir, before, fault, asked=4, executor="auto"):
+    completed = run(command(run_dir, *KILL_RUN, "--trials", str(asked), "--executor", executor,
+                            task=SLOW_TASK, space="quick"))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert "already finished" in completed.stdout
     after = records(run_dir)
@@ -29,16 +29,22 @@ def _resume_and_check(run_dir, before, fault, asked=4):
     return after
 
 
-def test_sigkill_mid_study_then_resume(tmp_path, fault):
+# Under the default (the local worker) and under Ray: one contract, two executors.
+EXECUTORS = pytest.mark.parametrize("executor", ["auto", "ray"])
+
+
+@EXECUTORS
+def test_sigkill_mid_study_then_resume(tmp_path, fault, executor):
     run_dir = tmp_path / "run"
-    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
+    args = command(run_dir, *KILL_RUN, "--trials", "4", "--executor", executor, task=SLOW_TASK,
+                   space="quick")
     process = _run_until(args, "#1")
     time.sleep(1.0)  # trial #2 is running now
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     before = records(run_dir)
     assert len(before) == 2
-    _resume_and_check(run_dir, before, fault)
+    _resume_and_check(run_dir, before, fault, executor=executor)
     import optuna
 
     storage = f"sqlite:///{run_dir / 'optuna.db'}"
@@ -50,9 +56,11 @@ def test_sigkill_mid_study_then_resume(tmp_path, fault):
     assert len(killed) == 1 and killed[0].data.tags["verdict"] == "killed"
 
 
-def test_ctrl_c_ends_cleanly_and_leaves_the_study_resumable(tmp_path, fault):
+@EXECUTORS
+def test_ctrl_c_ends_cleanly_and_leaves_the_study_resumable(tmp_path, fault, executor):
     run_dir = tmp_path / "run"
-    args = command(run_dir, *KILL_RUN, "--trials", "4", task=SLOW_TASK, space="quick")
+    args = command(run_dir, *KILL_RUN, "--trials", "4", "--executor", executor, task=SLOW_TASK,
+                   space="quick")
     process = _run_until(args, "#1")
     time.sleep(1.0)
     os.killpg(process.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
@@ -61,7 +69,7 @@ def test_ctrl_c_ends_cleanly_and_leaves_the_study_resumable(tmp_path, fault):
     assert "resume with: precision-tuner tune" in output
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
     before = records(run_dir)
-    _resume_and_check(run_dir, before, fault)
+    _resume_and_check(run_dir, before, fault, executor=executor)
 
 
 # -- a kill that cuts the last line of trials.jsonl short -------------------------------------
