@@ -86,8 +86,7 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         if workers is None:
             self.workers = workers = max(1, int(self.total_gpus))
         self.gpus_per_worker = min(1.0, self.total_gpus / workers) if self.total_gpus else 0.0
-        # Each worker its share of the CPUs, with GPUs too: TensorFlow's host-side work (input,
-        # the step's launch) runs on them, and one thread times a slower host than the user's.
+        # Its share of the CPUs with GPUs too: one thread times a slower host than the user's.
         self.cpus_per_worker = max(1, self.total_cpus // workers)
         if worker_cpus:
             self.cpus_per_worker = max(1, min(worker_cpus, self.total_cpus))

@@ -108,8 +108,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info,
-                                executor.chosen)
+    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
@@ -123,8 +122,6 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
         with clock.phase("memory check"):
             outcome.objective_lines.append(fresh_rss_line(plan, outcome.winner,
                                                            scheduler.baseline))
-    with clock.phase("shutdown"):   # Ray's shutdown too, where it runs: part of the wall time
-        executor.shut_down()
     with clock.phase("records and plots"):
         if records.outage is None:
             for row in scheduler.rows:
@@ -161,6 +158,8 @@ def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunSt
         clock.carve("re-measurement", "confirmation",
                     sum(c.seconds for c in outcome.confirmations))
         record_exclusive_phases(executor, store, tracker)
+        with clock.phase("shutdown"):   # Ray's, where it runs: inside the wall time
+            executor.shut_down()
         _step_aside()
         return exhausted, outcome
     except KeyboardInterrupt:
