@@ -174,22 +174,25 @@ def test_compile_models_mistakes_are_refused_in_one_line(tmp_path, compile_model
     assert failed.failure_class is FailureClass.TASK_ERROR and expected in failed.failure_message
 
 
-def test_the_guard_refuses_a_model_with_optimizers_of_its_own_in_one_line():
-    """The guard watches model.optimizer alone: on a GAN it would watch an optimizer that never
-    steps, so it says so instead."""
+def test_the_guard_watches_each_optimizer_a_model_trains_with():
+    """A GAN's d_optimizer and g_optimizer each have a loss scale of their own: the guard
+    watches both (their scales in its history) and leaves a healthy training alone."""
     import numpy as np
 
-    from tuner.errors import UsageError
     from tuner.worker.task_loader import load_task
     from tuner.worker.task_model import compile_for_trial
 
+    from tuner.apply.config import LossScale
+
     task = load_task(DCGAN)
-    config = PrecisionConfig(policy="mixed_bfloat16")
+    config = PrecisionConfig(policy="mixed_float16", loss_scale=LossScale("dynamic"))
     with config.scope():
         model = task.build_model()
     compile_for_trial(model, task, config)
-    with pytest.raises(UsageError) as refused:
-        model.fit(np.zeros((32, 16, 16, 1), "float32"), epochs=1, verbose=0,
-                  callbacks=[config.guard()])
-    assert str(refused.value).startswith("precision guard: GAN trains with optimizers of its "
-                                         "own (d_optimizer, g_optimizer)")
+    guard = config.guard()
+    model.fit(np.zeros((32, 16, 16, 1), "float32"), epochs=1, verbose=0, callbacks=[guard])
+    assert guard.events == []
+    figures = guard.history[-1]
+    assert figures["loss_scale_d_optimizer"] == float(model.d_optimizer.dynamic_scale.numpy())
+    assert figures["loss_scale_g_optimizer"] == float(model.g_optimizer.dynamic_scale.numpy())
+    assert figures["skipped_steps_d_optimizer"] == figures["skipped_steps_g_optimizer"] == 0
