@@ -20,11 +20,7 @@ def workers_count(text: str) -> int | str:
     """``auto`` or a positive whole number (``--workers``)."""
     if text.strip().lower() == "auto":
         return "auto"
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}") \
-            from None
+    return positive_int(text)
 
 
 def count(text: str) -> int:
