@@ -102,17 +102,23 @@ def probe(model: keras.Model, batch: Any, loss_scale: float | None) -> Probe:
 
 def largest_fitting_scale(model: keras.Model, batch: Any, low: int, high: int) -> float | None:
     """The largest ``2^e`` for ``low <= e <= high`` at which the batch's backward pass is
-    finite (bisected: a scale that overflows overflows above too), None if none is."""
-    if probe(model, batch, 2.0**low).failing:
+    finite, None if none is."""
+    return largest_passing(lambda e: not probe(model, batch, 2.0**e).failing, low, high)
+
+
+def largest_passing(passes, low: int, high: int) -> float | None:
+    """The largest ``2^e`` for ``low <= e <= high`` where ``passes(e)``, bisected (a scale
+    at which gradients overflow overflows above it too), None where none does."""
+    if not passes(low):
         return None
-    if not probe(model, batch, 2.0**high).failing:
+    if passes(high):
         return 2.0**high
     while high - low > 1:
         middle = (low + high) // 2
-        if probe(model, batch, 2.0**middle).failing:
-            high = middle
-        else:
+        if passes(middle):
             low = middle
+        else:
+            high = middle
     return 2.0**low
 
 

@@ -88,8 +88,8 @@ def watches(model: keras.Model, config_floor: float) -> list[ScaleWatch]:
 def largest_applying_scale(model: keras.Model, batch: Any, watch: ScaleWatch, low: int,
                            high: int) -> float | None:
     """The largest ``2^e`` for ``low <= e <= high`` at which one step of the model's own
-    ``train_step`` on ``batch`` applies ``watch``'s update (bisected: gradients that overflow at
-    a scale overflow above it too), None if none does. Every try starts from the state as it
+    ``train_step`` on ``batch`` applies ``watch``'s update (``cause.largest_passing``), None
+    if none does. Every try starts from the state as it
     was, and that state is put back after."""
     state = Snapshot(model, -1)
 
@@ -102,17 +102,7 @@ def largest_applying_scale(model: keras.Model, batch: Any, watch: ScaleWatch, lo
         finally:
             state.restore(model)
 
-    if not applies(low):
-        return None
-    if applies(high):
-        return 2.0**high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if applies(middle):
-            low = middle
-        else:
-            high = middle
-    return 2.0**low
+    return cause.largest_passing(applies, low, high)
 
 
 def exponent(scale: float) -> int:

@@ -71,6 +71,7 @@ class BatchKeeper:
 
     def __init__(self) -> None:
         self._batch: Any = None
+        self._joined: Any = None
         self._model: keras.Model | None = None
         self._keras_function = None
 
@@ -95,7 +96,7 @@ class BatchKeeper:
                     break
             if not batches:
                 raise StopIteration  # the end of the data, as fit expects it
-            keeper._batch = _whole_batch(model, batches[-1])
+            keeper._batch, keeper._joined = batches[-1], None   # a reference, joined if asked
             # A list is not an iterator: Keras runs its compiled step on each element (under a
             # strategy, each replica on its own share of the distributed element).
             return keras_function(batches)
@@ -117,8 +118,11 @@ class BatchKeeper:
         self._model = self._keras_function = None
 
     def batch(self) -> Any | None:
-        """The last batch in its own structure, or None before the first step."""
-        return self._batch
+        """The last batch in its own structure, or None before the first step (under a
+        strategy its replicas' shares put back together, once per batch, when first asked)."""
+        if self._batch is not None and self._joined is None:
+            self._joined = _whole_batch(self._model, self._batch)
+        return self._joined
 
 
 def _whole_batch(model: keras.Model, element: Any) -> Any:
