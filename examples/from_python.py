@@ -46,7 +46,7 @@ print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])   #
 cfg = result.best
 with cfg.scope():
     model = build_model()
-model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)),
-              loss="sparse_categorical_crossentropy", **cfg.compile_kwargs())
+cfg.compile(model, keras.optimizers.Adam(1e-3),   # after the scope: the loss scale as tuned
+            loss="sparse_categorical_crossentropy")
 history = model.fit(x, y, batch_size=128, epochs=1, verbose=0)
 print(f"applied {cfg.describe()}: one epoch, loss {history.history['loss'][-1]:.4f}")

@@ -67,7 +67,6 @@ OTHER = str(TASKS / "subclassed.py")
     (["tune", TINY, "--trial-seconds", "soon"], "expected a number of seconds such as 5"),
     (["tune", TINY, "--steps", "30", "--trial-seconds", "2"],
      "--steps fixes their count instead. Received: --steps 30 --trial-seconds 2. Drop one"),
-    (["tune", TINY, "--out", "{tmp}/exists.json"], "already exists. Pass --force"),
     (["tune", TINY, "--run-dir", "{tmp}/full"], "is not empty"),
     (["tune", TINY, "--run-dir", "/proc/precision-tuner"], "not writable"),
     (["export", "--run-dir", "{tmp}/nowhere"], "run directory not found"),
@@ -215,8 +214,9 @@ def test_float32_pattern_that_matches_no_layer_is_refused_with_the_closest_names
 @pytest.mark.parametrize("command", [["tune", "--executor", "local"], ["diagnose"],
                                      ["train", "--config", "cfg.json"]])
 def test_an_environment_without_tensorflow_is_told_which_extra_to_install(tmp_path, command):
-    """TensorFlow comes from the [cpu] or [gpu] extra: without it, one line naming both, exit
-    2, before a worker starts (here TensorFlow is hidden from the import system)."""
+    """TensorFlow comes from the [cpu] or [gpu] extra: without it, one line naming the
+    command that installs it into this interpreter (the CPU build, and the GPU one), exit 2,
+    before a worker starts (here TensorFlow is hidden from the import system)."""
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(
@@ -232,5 +232,44 @@ def test_an_environment_without_tensorflow_is_told_which_extra_to_install(tmp_pa
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "TensorFlow is not installed" in lines[0], done.stderr
-    assert 'precision-tuner[cpu]' in lines[0] and 'precision-tuner[gpu]' in lines[0]
+    assert f'{sys.executable} -m pip install "tensorflow-cpu>=2.16,<3"' in lines[0]
+    assert '"tensorflow[and-cuda]>=2.16,<3"' in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("machine, system", [("x86_64", "linux"), ("AMD64", "win32"),
+                                             ("arm64", "darwin"), ("x86_64", "darwin"),
+                                             ("aarch64", "linux")])
+def test_the_named_tensorflow_is_what_the_cpu_extra_installs_there(machine, system):
+    """The one line above names the build pyproject.toml's cpu extra chooses on each platform
+    (tensorflow-cpu has no wheels for ARM or macOS), read from its environment markers."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from tuner.run.task_file import tensorflow_requirement
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["cpu"]
+    platform = {"platform_machine": machine, "sys_platform": system}
+    (chosen,) = [r for r in map(Requirement, extra) if r.marker.evaluate(platform)]
+    assert f"{chosen.name}{chosen.specifier}" == \
+        str(Requirement(tensorflow_requirement(machine, system))).replace(" ", "")
+
+
+def test_a_second_export_in_the_same_place_keeps_the_earlier_beside_it(tmp_path):
+    """`tune` run again in the same folder: the export already there is renamed after the
+    time it was written, twice in the same second included; nothing is overwritten."""
+    from tuner.api.tune_job import set_aside
+
+    out = tmp_path / "best_precision.json"
+    assert set_aside(out) is None   # nothing there yet
+    kept = []
+    for text in ("first", "second"):
+        out.write_text(text)
+        os.utime(out, (1796500000, 1796500000))   # the same second both times
+        kept.append(set_aside(out))
+    assert not out.exists()
+    assert [path.read_text() for path in kept] == ["first", "second"]
+    assert kept[0].name.startswith("best_precision.") and kept[0].suffix == ".json"
+    assert kept[1].name == kept[0].stem + "-2.json"

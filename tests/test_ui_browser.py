@@ -1,7 +1,9 @@
 """The MLflow UI in a real browser: ``precision-tuner ui`` on a finished run, driven through
 Debian's headless Chromium and ChromeDriver (no browser download).
 
-Screenshots land in ``runs/screenshots/`` (or ``$PT_SCREENSHOT_DIR``). Without chromium and
+Screenshots land in ``runs/screenshots/`` (or ``$PT_SCREENSHOT_DIR``); the one the MLflow page
+shows (``docs/img/mlflow_trials.png``) is written there too, by the same test, so that it is
+always the UI as it is today. Without chromium and
 chromedriver the tests that drive a browser skip, unless ``PT_REQUIRE_BROWSER=1`` (set by
 ``.ci/run``) makes that a failure; the test of the links ``ui`` prints runs either way.
 """
@@ -28,6 +30,9 @@ CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-qu
                 "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1600,1000")
 PAGE_TIMEOUT_S = 60
+# Screenshots a documentation page shows: rewritten by every run of their test.
+DOC_IMAGES = ROOT / "docs" / "img"
+IN_THE_DOCS = ("mlflow_trials.png",)
 
 
 def _require_browser() -> tuple[str, str]:
@@ -150,6 +155,10 @@ def _screenshot(driver, name: str) -> Path:
     assert driver.save_screenshot(str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, "blank screenshot?"
+    if name in IN_THE_DOCS:  # replaced whole: the site build beside this never reads half
+        staged = DOC_IMAGES / f".{name}.{os.getpid()}"
+        staged.write_bytes(data)
+        os.replace(staged, DOC_IMAGES / name)
     return path
 
 
@@ -185,6 +194,7 @@ def test_trial_runs_are_listed_in_the_browser(ui, browser):
     on_screen = sorted(trial_names, key=text.index)
     assert [speedups[n] for n in on_screen] == sorted(speedups.values(), reverse=True)
     _screenshot(browser, "mlflow_trials.png")
+    assert "](../img/mlflow_trials.png)" in (ROOT / "docs/how-to/mlflow.md").read_text()
 
 
 def test_best_config_artifact_is_listed_and_opens(ui, browser):

@@ -6,9 +6,8 @@ Public API::
     cfg = PrecisionConfig.load("best_precision.json")
     with cfg.scope():
         model = build_model()
-        model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.Adam(1e-3)), loss=...,
-                      **cfg.compile_kwargs())
-        model.fit(...)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=...)  # as tuned
+        model.fit(..., callbacks=[cfg.guard()])
 
     import tuner
     result = tuner.tune("my_task.py", space="quick")       # or build_model=..., train_data=...

@@ -99,7 +99,9 @@ def tune(
         "where to write the best config (.json or .yaml) [default: %(default)s]", GOES,
         forwarded=False, cli_default=Path(BEST_FILE),
         python_default=f"RUN_DIR/{BEST_FILE}, always rewritten")] = None,
-    force: Annotated[bool, Option("overwrite --out if it exists", GOES, forwarded=False)] = False,
+    force: Annotated[bool, Option(
+        "overwrite --out without keeping the earlier export (by default it is kept beside it, "
+        "named after the time it was written)", GOES, forwarded=False)] = False,
     resume: Annotated[bool, Option(
         "continue the interrupted run in --run-dir (also automatic when --run-dir holds an "
         "unfinished run)", GOES, forwarded=False)] = False,

@@ -9,6 +9,7 @@ at the end.
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import sys
@@ -73,7 +74,7 @@ def run_tune(args) -> None:
         raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
                          "precision-tuner run. Choose a new --run-dir.")
     plan = resolve(flags_from(args, task_path), previous)
-    _check_out(args.out, args.force)
+    _check_out(args.out)
     _check_writable_dir(run_dir)
     _check_writable_dir(args.out.resolve().parent)
     _check_reachable(args)
@@ -95,8 +96,11 @@ def run_tune(args) -> None:
         if staged is not None:
             staged.discard()
     print_summary(summary, console)
+    earlier = None if args.force else set_aside(args.out)
     summary.best_config.save(args.out, overwrite=True)
     console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    if earlier is not None:
+        console.print(f"the earlier {args.out.name} is kept as {earlier}", markup=False)
     if job_context.job_id() is not None:  # a service job: the user is on another machine
         console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
                       "trials: precision-tuner ui --service ADDRESS", markup=False)
@@ -179,12 +183,25 @@ def _import_quietly(*modules: str) -> None:
             pass
 
 
-def _check_out(out: Path, force: bool) -> None:
+def _check_out(out: Path) -> None:
     if out.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise UsageError(f"--out must end in .json, .yaml or .yml. Received: --out {out}")
-    if out.exists() and not force:
-        raise UsageError(f"--out {str(out)!r} already exists. Pass --force to overwrite it, "
-                         "or choose another --out.")
+
+
+def set_aside(out: Path) -> Path | None:
+    """A second ``tune`` in the same folder is the normal case: the export already at ``out``
+    is renamed after the time it was written (``best_precision.20261206-101500.json``), so
+    the new one takes its place and the earlier stays beside it. None when there was none."""
+    if not out.is_file():
+        return None
+    stamp = datetime.datetime.fromtimestamp(out.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+    kept = out.with_name(f"{out.stem}.{stamp}{out.suffix}")
+    number = 1
+    while kept.exists():
+        number += 1
+        kept = out.with_name(f"{out.stem}.{stamp}-{number}{out.suffix}")
+    os.replace(out, kept)
+    return kept
 
 
 def _host_port(address: str, default_port: int | None) -> tuple[str, int] | None:

@@ -3,7 +3,8 @@
 Its data, checks and file format are ``tuner.apply.config_data``'s (re-exported here); this
 class adds the calls that apply it to a user's training: ``scope()``
 (tuner.apply.scope), ``apply(model)`` for a model already in memory
-(tuner.apply.existing_model), ``wrap_optimizer()`` (tuner.apply.loss_scaling) and ``guard()``
+(tuner.apply.existing_model), ``compile(model, ...)`` (tuner.apply.compiling),
+``wrap_optimizer()`` (tuner.apply.loss_scaling) and ``guard()``
 (tuner.apply.guard). Those modules take the config as ``ConfigData`` and never import this
 one; each is imported when its call is made, so ``from tuner import PrecisionConfig`` imports no
 TensorFlow. Its file on disk (JSON or YAML): ``tuner.apply.config_data``.
@@ -51,6 +52,15 @@ class PrecisionConfig(ConfigData):
         from tuner.apply.loss_scaling import wrap_optimizer
 
         return wrap_optimizer(self, optimizer)
+
+    def compile(self, model, optimizer="adam", **kwargs):
+        """``model.compile(optimizer=..., **kwargs)`` as this config was tuned: the optimizer
+        (an instance or a name) gets the config's loss scale, epsilon and weight update, and
+        Keras adds no loss scale of its own. Returns the model. ``model.compile`` inside
+        ``scope()`` does the same."""
+        from tuner.apply.compiling import compile_model
+
+        return compile_model(self, model, optimizer, **kwargs)
 
     def guard(self, **options):
         """A ``keras.callbacks.Callback`` that watches the training under this config and

@@ -116,9 +116,20 @@ def wrap_optimizer(cfg: ConfigData, optimizer: keras.optimizers.Optimizer):
         optimizer.epsilon = cfg.epsilon.optimizer
     wrap(optimizer, cfg.weight_update)  # stochastic or compensated updates of 16-bit weights
     scale = cfg.loss_scale
-    if cfg.compute_dtype != "float16" or not scale.kind.scales:
-        return optimizer
-    return OPTIMIZER_CLASSES[scale.kind].applying(scale, optimizer)
+    if cfg.compute_dtype == "float16" and scale.kind.scales:
+        optimizer = OPTIMIZER_CLASSES[scale.kind].applying(scale, optimizer)
+    object.__setattr__(optimizer, _WRAPPED, True)  # bypass Keras's attribute tracking
+    return optimizer
+
+
+# Set on what ``wrap_optimizer`` returns, so that compiling it in ``cfg.scope()`` or by
+# ``cfg.compile`` (tuner.apply.compiling) does not wrap it twice.
+_WRAPPED = "_precision_tuner_wrapped"
+
+
+def is_wrapped(optimizer) -> bool:
+    """Whether ``optimizer`` is what ``wrap_optimizer`` returned (it carries a config)."""
+    return bool(getattr(optimizer, _WRAPPED, False))
 
 
 # The one statement of which optimizer class applies each scaling kind; loss_scale_kind reads

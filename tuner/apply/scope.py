@@ -70,6 +70,7 @@ from typing import Any, Iterator
 
 import keras
 
+from tuner.apply.compiling import compiling_as_tuned
 from tuner.apply.config_data import ConfigData
 from tuner.apply.dtype_origins import (DtypeOrigin, SavedDtypes, constructor_dtype, origin_of,
                                         record_origin)
@@ -367,8 +368,10 @@ def precision_scope(cfg: ConfigData) -> Iterator[Float32Placer]:
         # Every scope watches construction: a layer deserialised from a saved model takes the
         # config's policy (tuner.apply.dtype_origins); placing also hooks every layer call.
         keras.layers.Layer.__init__ = init
-        with hook_layer_calls(around=placer.calling) if placer.placing \
-                else contextlib.nullcontext():
+        # And compile: a model compiled in the scope trains as tuned (tuner.apply.compiling).
+        calls = hook_layer_calls(around=placer.calling) if placer.placing \
+            else contextlib.nullcontext()
+        with compiling_as_tuned(cfg), calls:
             yield placer
         keras.layers.Layer.__init__ = original_init
         if placer.placing:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
 from tuner.errors import TaskError, UsageError
@@ -68,9 +69,22 @@ def check_task_file(path: str | Path) -> Path:
 def require_tensorflow() -> None:
     """TensorFlow is an extra (``[cpu]`` or ``[gpu]``: the right build for the machine), so an
     install without one is refused here, in one line, before a worker fails on its import.
-    Looks the package up without importing it."""
+    Looks the package up without importing it. The command it names installs into this very
+    interpreter, the build the ``cpu`` extra would choose here (``tensorflow_requirement``)."""
     if importlib.util.find_spec("tensorflow") is None:
-        raise UsageError("TensorFlow is not installed in this environment. Install "
-                         "precision-tuner with the build for this machine: pip install "
-                         "\"precision-tuner[cpu]\" (or \"precision-tuner[gpu]\" for an NVIDIA GPU; "
-                         "docs/install.md)")
+        python = sys.executable if " " not in sys.executable else f'"{sys.executable}"'
+        raise UsageError(f"TensorFlow is not installed in this environment. Install it: "
+                         f"{python} -m pip install \"{tensorflow_requirement()}\" (an NVIDIA "
+                         "GPU on Linux: \"tensorflow[and-cuda]>=2.16,<3\"; docs/install.md)")
+
+
+def tensorflow_requirement(machine: str | None = None, system: str | None = None) -> str:
+    """What the ``cpu`` extra installs on this platform (pyproject.toml's markers say the
+    same): ``tensorflow-cpu`` where it has wheels (x86-64 Linux and Windows), plain
+    ``tensorflow`` elsewhere (Apple silicon, ARM Linux, Intel macOS)."""
+    import platform
+
+    machine = (machine or platform.machine()).lower()
+    system = system or sys.platform
+    cpu_wheel = machine in ("x86_64", "amd64") and system != "darwin"
+    return f"{'tensorflow-cpu' if cpu_wheel else 'tensorflow'}>=2.16,<3"

@@ -22,7 +22,9 @@ layers whose float32 does (``float32_set``); lower the floor or reset a collapse
 it from its start. The last resort (mixed policies: every layer in float32) ends the watch;
 under pure 16-bit policies, where layers cannot move mid-training (the guard records them in
 ``guard.config`` for next time), running out of repairs raises ``GuardError``. A config whose
-dtype reaches (almost) no layer is an event at the start.
+dtype reaches (almost) no layer is an event at the start; a model whose optimizer is not
+compiled as the config was tuned (Keras's own loss scale over a config tuned without one, no
+loss scale where one was tuned: tuner.apply.compiling) is refused before its first step.
 
 A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
 batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
@@ -36,6 +38,7 @@ from typing import Any
 
 import keras
 
+from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import detectors, readings, report
 from tuner.apply.guard.detectors import Detector, Finding, StepReading
@@ -45,7 +48,7 @@ from tuner.apply.guard.ladder import Ladder
 from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import LossSeries
 from tuner.apply.reach import unreached_model
-from tuner.errors import GuardError
+from tuner.errors import ConfigError, GuardError
 
 __all__ = ["GuardError", "PrecisionGuard"]
 
@@ -121,6 +124,9 @@ class PrecisionGuard(keras.callbacks.Callback):
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model
+        untuned_because = untuned(self.config, model)
+        if untuned_because:  # a training the config was never tuned for: refused, one line
+            raise ConfigError(f"the guard refuses to watch this training: {untuned_because}")
         self._training.begin(model)
         self._tracker = readings.loss_tracker(model)
         unreached = unreached_model(model, self.config.policy)
