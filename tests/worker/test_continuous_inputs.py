@@ -102,6 +102,21 @@ def test_the_residual_regressors_dead_sensor_is_recorded_apart():
     assert set(diagnostics) == set(saved)
 
 
+def test_no_trial_fails_on_a_feature_float32_drops_too():
+    """mixed_float16 on the residual regressor: the first layer a trial's check stops at is
+    block_0, for an offset feature; before, stem, for the dead sensor's 1e-21 (and its repair
+    kept stem in float32 for nothing)."""
+    import json
+
+    diagnostics = json.loads(RESIDUAL.with_suffix(".diagnostics.json").read_text())
+    spec = TrialSpec(0, str(RESIDUAL), PrecisionConfig("mixed_float16").to_dict(), 6, 2,
+                     continuous_inputs=diagnostics["continuous_inputs"])
+    result = TrialResult.from_dict(run_trial(spec.to_dict()))
+    assert result.failure_class is FailureClass.INPUT_ROUNDING, result.failure_message
+    assert result.failure_layer == "block_0"
+    assert "feature 7 of its inputs (values 1033.2..1040.5" in result.failure_message
+
+
 # -- diagnostics ----------------------------------------------------------------------------------
 def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
     from tuner.records.diagnostics_report import conclusions
