@@ -8,11 +8,12 @@ import pytest
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.continuous_inputs import erased_features
+from tuner.worker.continuous_inputs import NEGLIGIBLE_BELOW, erased_features, negligible
 from tuner.worker.trial import run_trial
 
 ROOT = Path(__file__).parent.parent.parent
 GEO = str(ROOT / "tests" / "quality" / "geo_coordinates.py")
+RESIDUAL = ROOT / "tests" / "tasks" / "raw_residual.py"
 # Every task file among the examples and the zoo (the scripts among the examples, which call
 # tuner.tune or apply a config, define no train_data()).
 TASKS = sorted(str(path.relative_to(ROOT)) for path in
@@ -57,6 +58,63 @@ def test_only_features_with_a_large_offset_and_a_small_spread_are_erased():
     assert longitude["noise"]["bfloat16"] > 0.5 and longitude["noise"]["float16"] < 0.1
     assert longitude["spread"] == pytest.approx(0.7 / np.sqrt(12), rel=0.05)
     assert kelvin["erased_in"] == ["bfloat16", "float16"]
+
+
+def test_a_feature_float16_zeroes_is_negligible_only_where_float32_drops_it_too():
+    rng = np.random.default_rng(0)
+    dead_sensor = rng.normal(0.0, 1e-21, 4096)
+    (entry,) = erased_features(dead_sensor[:, None])
+    assert entry["erased_in"] == ["float16"] and entry["survive"]["float16"] == 1
+    # Next to readings of 1000 in the same input: float32 sums it away too.
+    assert negligible(entry, input_abs_max=1000.0)
+    # A whole input that small (SI units): float16 erases everything the model has. Shown.
+    assert not negligible(entry, input_abs_max=3e-21)
+    # Above 6e-15 an adapted Normalization (std floored at 1e-7) could lift it to float32's
+    # step at 1 or beyond: shown, however large its neighbours.
+    (small,) = erased_features(rng.normal(0.0, 1e-10, 4096)[:, None])
+    assert small["erased_in"] == ["float16"] and not negligible(small, input_abs_max=1e6)
+    assert NEGLIGIBLE_BELOW == pytest.approx(2.0**-24 * 1e-7)
+
+
+def test_the_residual_regressors_dead_sensor_is_recorded_apart():
+    """tests/tasks/raw_residual.py: its two inputs of 1e-21 go to ``negligible_inputs`` (no
+    candidate, no trial check); tests/test_diagnostics_report.py reads the saved diagnostics,
+    which this keeps true to what the worker measures."""
+    import json
+
+    from tuner.worker.diagnose import diagnose_task
+
+    diagnostics = diagnose_task(str(RESIDUAL), steps=3)
+    saved = json.loads(RESIDUAL.with_suffix(".diagnostics.json").read_text())
+    zero = diagnostics["negligible_inputs"]
+    assert [(e["layer"], e["feature"], e["of_layer"]) for e in zero] == \
+        [("stem", 6, 2), ("stem", 7, 2)] == \
+        [(e["layer"], e["feature"], e["of_layer"]) for e in saved["negligible_inputs"]]
+    assert all(e["input_abs_max"] > 1000 for e in zero)
+    assert not any(e["layer"] == "stem" and e["feature"] in (6, 7)
+                   for e in diagnostics["continuous_inputs"])
+
+    def counts(found):
+        return {e["layer"]: e["of_layer"] for e in found["continuous_inputs"]}
+
+    assert counts(diagnostics) == counts(saved) and len(counts(saved)) == 22
+    assert diagnostics["candidates"] == saved["candidates"]
+    assert set(diagnostics) == set(saved)
+
+
+def test_no_trial_fails_on_a_feature_float32_drops_too():
+    """mixed_float16 on the residual regressor: the first layer a trial's check stops at is
+    block_0, for an offset feature; before, stem, for the dead sensor's 1e-21 (and its repair
+    kept stem in float32 for nothing)."""
+    import json
+
+    diagnostics = json.loads(RESIDUAL.with_suffix(".diagnostics.json").read_text())
+    spec = TrialSpec(0, str(RESIDUAL), PrecisionConfig("mixed_float16").to_dict(), 6, 2,
+                     continuous_inputs=diagnostics["continuous_inputs"])
+    result = TrialResult.from_dict(run_trial(spec.to_dict()))
+    assert result.failure_class is FailureClass.INPUT_ROUNDING, result.failure_message
+    assert result.failure_layer == "block_0"
+    assert "feature 7 of its inputs (values 1033.2..1040.5" in result.failure_message
 
 
 # -- diagnostics ----------------------------------------------------------------------------------

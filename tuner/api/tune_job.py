@@ -24,7 +24,7 @@ from tuner.api.progress import live_progress
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.ray_pool import RayExecutor
-from tuner.records.diagnostics_report import conclusions
+from tuner.records.diagnostics_report import console_lines
 from tuner.records.mlflow_stores import StagedStores, redact_uri
 from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
@@ -166,8 +166,10 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
     plan, notes = plan.fitted_to(task_info["float32_matches"], task_info.get("optimizer"))
     for note in notes:
         console.print(f"space: {note}", markup=False)
-    for line in conclusions(diagnostics):
+    for line in console_lines(diagnostics):
         console.print(f"diagnostics: {line}", markup=False)
+    console.print(f"diagnostics: every finding in {plan.run_dir / 'diagnostics.json'} and the "
+                  "MLflow parent run's diagnostics.md", markup=False)
     return plan.with_diagnostics(diagnostics), task_info, diagnostics
 
 

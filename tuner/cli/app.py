@@ -81,8 +81,8 @@ def _add_other_commands(commands) -> None:
                           help="instrumented steps [default: %(default)s]")
     diagnose.add_argument("--json", type=Path, metavar="FILE",
                           help="also write the full diagnostics as JSON")
-    diagnose.add_argument("--all", action="store_true", help="show every layer, not the 25 "
-                          "riskiest")
+    diagnose.add_argument("--all", action="store_true", help="show every layer and every "
+                          "finding, not the 25 riskiest layers and one line per layer")
 
     commands.add_parser("spaces", help="list the built-in search spaces")
 

@@ -94,7 +94,7 @@ def diagnose(args) -> int:
     with LocalProcessExecutor() as executor:
         executor.probe(str(task_path), args.steps)
         diagnostics = executor.diagnose(str(task_path), args.steps)
-    print_table(diagnostics, console, limit=None if args.all else 25)
+    print_table(diagnostics, console, limit=None if args.all else 25, every_finding=args.all)
     if args.json is not None:
         args.json.write_text(json.dumps(diagnostics, indent=1) + "\n")
         console.print(f"written to {args.json}")

@@ -1,4 +1,11 @@
-"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people."""
+"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people.
+
+Two readings of the same findings: ``conclusions``, every finding on a line of its own (the
+records: ``diagnostics.md`` in the MLflow parent run, and ``diagnose --all``), and
+``console_lines``, what a person reads before the first trial: one line per layer, its worst
+finding and how many more, the features that are zero to float32 as well left out (counted on
+one line; tuner.worker.continuous_inputs.negligible says why they lose nothing).
+"""
 
 from __future__ import annotations
 
@@ -62,7 +69,10 @@ def _number(value: float, decimals: int) -> str:
 
 def values_text(entry: dict[str, Any]) -> str:
     """``values -122.5..-121.8, spread 0.20``: the range to as many decimals as the spread
-    needs for two significant digits (a timestamp's range in %g would read 1.7e+09..1.7e+09)."""
+    needs for two significant digits (a timestamp's range in %g would read 1.7e+09..1.7e+09);
+    values all below 0.001 in %g (``values -3e-21..2.5e-21, spread 1e-21``), not in decimals."""
+    if max(abs(entry["min"]), abs(entry["max"])) < 1e-3:
+        return f"values {entry['min']:.2g}..{entry['max']:.2g}, spread {entry['spread']:.2g}"
     decimals = max(0, 1 - math.floor(math.log10(entry["spread"])))
     return (f"values {_number(entry['min'], decimals)}..{_number(entry['max'], decimals)}, "
             f"spread {entry['spread']:.{decimals}f}")
@@ -89,6 +99,24 @@ def describe_continuous(entry: dict[str, Any]) -> str:
             f"{entry['layer']} in float32")
 
 
+def describe_negligible(entry: dict[str, Any]) -> str:
+    """``stem (Dense) receives feature 6 (values -3e-21..2.5e-21, spread 1e-21): float16
+    rounds its 192 distinct values all to 0, but next to the 1.01e+03 its input also carries
+    it is zero to float32 too, so it keeps stem in no config's float32``"""
+    which = "" if entry["input"] == 0 else f" of its float input {entry['input']}"
+    return (f"{entry['layer']} ({entry['class']}) receives feature {entry['feature']}{which} "
+            f"({values_text(entry)}): float16 rounds its {entry['distinct']} distinct values "
+            "all to 0, but next to the "
+            f"{entry['input_abs_max']:.3g} its input also carries it is zero to float32 too, "
+            f"so it keeps {entry['layer']} in no config's float32")
+
+
+def severity(entry: dict[str, Any]) -> tuple[int, float]:
+    """Sort key of continuous features, worst first: erased in more dtypes, then the most
+    noise in any of them."""
+    return -len(entry["erased_in"]), -max(entry["noise"].values())
+
+
 def describe_head(entry: dict[str, Any]) -> str:
     """``output 0 (price, Dense) must produce targets 3.4e+04..6.1e+05 (targets up to 6.1e+05
     pass float16's 65504 / 4 headroom), so every float16 config keeps price in float32``"""
@@ -99,33 +127,102 @@ def describe_head(entry: dict[str, Any]) -> str:
             f"config keeps {', '.join(entry['layers'])} in float32")
 
 
-def conclusions(diagnostics: dict[str, Any]) -> list[str]:
-    if diagnostics.get("unavailable"):
-        return [f"not taken: {diagnostics['unavailable']}; the search runs on the space as "
-                "written, with Keras's initial loss scale"]
-    scale = diagnostics["loss_scale"]
-    lines = []
-    candidates = diagnostics["candidates"]
-    lines.append("float32 placement candidates (riskiest first): "
-                 + (", ".join(candidates[:8]) if candidates else "none: every layer fits float16"))
+def _integer_line(entry: dict[str, Any]) -> str:
+    return (f"{describe_integers(entry)}: bfloat16 holds integers exactly only up to 256, "
+            f"float16 up to 2048, so a 16-bit config must keep {entry['layer']} in float32 "
+            "(or feed it int32)")
+
+
+def _by_layer(entries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Entries grouped by layer, in order of first appearance, each group worst first."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(entry["layer"], []).append(entry)
+    return {layer: sorted(group, key=severity) for layer, group in groups.items()}
+
+
+def _unrecorded(group: list[dict[str, Any]]) -> int:
+    """How many of a layer's features the worker counted but did not keep one by one."""
+    return max(0, group[0].get("of_layer", len(group)) - len(group))
+
+
+def _layer_findings(diagnostics: dict[str, Any]) -> dict[str, tuple[list[str], int]]:
+    """Per layer (integer inputs' layers first, then the continuous ones', in call order): its
+    findings' lines, worst first, and how many findings it has, those not recorded one by one
+    included."""
+    lines: dict[str, list[str]] = {}
+    total: dict[str, int] = {}
     for entry in diagnostics.get("integer_inputs", []):
-        lines.append(f"{describe_integers(entry)}: bfloat16 holds integers exactly only up to "
-                     "256, float16 up to 2048, so a 16-bit config must keep "
-                     f"{entry['layer']} in float32 (or feed it int32)")
-    for entry in diagnostics.get("continuous_inputs", []):
-        lines.append(describe_continuous(entry))
-    lines += [describe_head(entry) for entry in diagnostics.get("output_heads", [])]
+        lines.setdefault(entry["layer"], []).append(_integer_line(entry))
+        total[entry["layer"]] = total.get(entry["layer"], 0) + 1
+    for layer, group in _by_layer(diagnostics.get("continuous_inputs", [])).items():
+        lines.setdefault(layer, []).extend(describe_continuous(entry) for entry in group)
+        total[layer] = total.get(layer, 0) + len(group) + _unrecorded(group)
+    return {layer: (lines[layer], total[layer]) for layer in lines}
+
+
+def _opening(diagnostics: dict[str, Any]) -> list[str]:
+    candidates = diagnostics["candidates"]
+    return ["float32 placement candidates (riskiest first): "
+            + (", ".join(candidates[:8]) if candidates else "none: every layer fits float16")]
+
+
+def _closing(diagnostics: dict[str, Any]) -> list[str]:
+    """The output heads, the recommended loss scale and what float16 flushes at it."""
+    scale = diagnostics["loss_scale"]
+    lines = [describe_head(entry) for entry in diagnostics.get("output_heads", [])]
     lines.append(f"recommended initial loss scale: 2^{scale['exponent']} "
                  f"(largest weight gradient {diagnostics['gradient_abs_max']:.3g}; "
                  + ("it lifts the smallest gradients out of float16's subnormal range)"
                     if scale["lifts_p01_to_normal"] else
                     "the smallest 1% of gradients stay subnormal in float16 even so)"))
     histograms = gradient_histograms(diagnostics)
-    for scale in sorted({1.0, float(scale["initial_scale"])}):
-        flushed = underflow_note(histograms, scale)
+    for at in sorted({1.0, float(scale["initial_scale"])}):
+        flushed = underflow_note(histograms, at)
         if flushed:
             lines.append(flushed)
     return lines
+
+
+def _not_taken(diagnostics: dict[str, Any]) -> list[str]:
+    return [f"not taken: {diagnostics['unavailable']}; the search runs on the space as "
+            "written, with Keras's initial loss scale"]
+
+
+def conclusions(diagnostics: dict[str, Any]) -> list[str]:
+    """Every finding on a line of its own: the records' reading (``markdown``)."""
+    if diagnostics.get("unavailable"):
+        return _not_taken(diagnostics)
+    lines = _opening(diagnostics)
+    for layer, (found, total) in _layer_findings(diagnostics).items():
+        lines += found
+        if total > len(found):
+            lines.append(f"{layer}: {total - len(found)} more features like these (the "
+                         "diagnostics keep the worst few of a layer one by one)")
+    lines += [describe_negligible(entry) for entry in diagnostics.get("negligible_inputs", [])]
+    return lines + _closing(diagnostics)
+
+
+def console_lines(diagnostics: dict[str, Any]) -> list[str]:
+    """What a person reads before the first trial: one line per layer, its worst finding and
+    how many more (``N more``), and one line counting the features left out as zero to
+    float32 too (``negligible_inputs``); ``conclusions`` holds every line."""
+    if diagnostics.get("unavailable"):
+        return _not_taken(diagnostics)
+    lines = _opening(diagnostics)
+    for found, total in _layer_findings(diagnostics).values():
+        lines.append(found[0] + (f" (and {total - 1} more of its input features)"
+                                 if total > 1 else ""))
+    zero = _by_layer(diagnostics.get("negligible_inputs", []))
+    if zero:
+        counts = {layer: len(group) + _unrecorded(group) for layer, group in zero.items()}
+        largest = max(max(abs(e["min"]), abs(e["max"])) for g in zero.values() for e in g)
+        left = sum(counts.values())
+        lines.append(f"left out: {left} input feature{'s' if left > 1 else ''} that float16 "
+                     f"rounds to 0 but that float32 drops too (at most {largest:.2g}, next to "
+                     "values 2^24 times larger in the same input): "
+                     + ", ".join(f"{layer} ({count})" for layer, count in counts.items()))
+    return lines + _closing(diagnostics)
 
 
 def markdown(diagnostics: dict[str, Any]) -> str:
@@ -136,7 +233,10 @@ def markdown(diagnostics: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) -> None:
+def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25,
+                every_finding: bool = False) -> None:
+    """The per-layer table (the ``limit`` riskiest rows), then ``console_lines``, or with
+    ``every_finding`` every line of ``conclusions``."""
     from rich.table import Table
 
     table = Table(title="per-layer ranges in float32, worst first (>f16 max: would overflow; "
@@ -153,5 +253,5 @@ def print_table(diagnostics: dict[str, Any], console, limit: int | None = 25) ->
     hidden = len(diagnostics["layers"]) - (limit or len(diagnostics["layers"]))
     if hidden > 0:
         console.print(f"({hidden} more layers with lower risk not shown)")
-    for line in conclusions(diagnostics):
+    for line in (conclusions if every_finding else console_lines)(diagnostics):
         console.print(line, markup=False)

@@ -9,7 +9,9 @@ tuner.worker.integer_inputs (which handles float tensors that carry integers):
 
 - :class:`ContinuousInputs` (in the float32 diagnostics): for every float input of every layer
   and every feature of its last axis, the RMS error that a cast to each 16-bit dtype adds,
-  relative to the feature's standard deviation, measured on the diagnostics batches;
+  relative to the feature's standard deviation, measured on the diagnostics batches; a feature
+  float16 rounds whole to zero that the float32 model cannot use either is recorded apart
+  (``negligible_inputs``, see :func:`negligible`): it keeps no layer in float32;
 - :func:`continuous_check` (in a trial, before it trains, run by
   tuner.worker.integer_inputs.first_rounding): whether, under the trial's config, one of those
   layers receives such a feature in (or casts it to) a dtype that erases it.
@@ -21,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tuner.records.diagnostics_report import step_text, values_text
+from tuner.records.diagnostics_report import severity, step_text, values_text
 
 SIXTEEN_BIT = ("bfloat16", "float16")
 # A feature is erased in a dtype when the cast adds RMS noise above this share of its standard
@@ -42,6 +44,12 @@ _MAX_VALUES = 2**18   # per layer call: a conv net's activations are subsampled 
 _MIN_ROWS = 32
 _MAX_ROWS = 8192      # per feature, over all the diagnostics steps
 _KEPT_PER_LAYER = 3   # a wide input is reported by its worst few erased features
+# negligible(): float32's resolution at 1 (its rounding step there is 2^-23, half of it 2^-24),
+# and Keras's default backend.epsilon(), the floor under the standard deviation an adapted
+# Normalization divides a feature by.
+_FLOAT32_HALF_STEP_AT_1 = 2.0**-24
+_KERAS_EPSILON = 1e-7
+NEGLIGIBLE_BELOW = _FLOAT32_HALF_STEP_AT_1 * _KERAS_EPSILON   # 6e-15
 
 
 def _numpy_dtype(name: str):
@@ -112,6 +120,28 @@ def erasure(values: np.ndarray) -> dict[str, Any] | None:
             "noise": noise, "erased_in": erased_in}
 
 
+def negligible(entry: dict[str, Any], input_abs_max: float) -> bool:
+    """Whether an erased feature (an ``erasure`` entry) is zero to the float32 model too, so
+    that float16 rounding it to zero loses nothing: a tensor that is zero in float32 has
+    nothing for float16 to erase (a dead sensor's ~1e-21 noise next to readings of ~1000).
+    Two conditions, both needed:
+
+    - its largest magnitude is below NEGLIGIBLE_BELOW (2^-24 * 1e-7, about 6e-15). float16
+      rounds all of it to 0 (its smallest subnormal is 2^-24), and even the layer that could
+      lift it most, an adapted ``Normalization`` (it divides by the feature's standard
+      deviation, floored at Keras's epsilon 1e-7), leaves it within float32's step at 1 (2^-23),
+      next to standardised features of about 1;
+    - the same input carries values at least 2^24 times larger (``input_abs_max``, its largest
+      magnitude over every feature): a float32 sum that takes both (a Dense, a convolution, an
+      Add, at weights of comparable size) rounds its share away. Without this, a model whose
+      every input is tiny (quantities in SI units of 1e-21) would hide that float16 erases all
+      of its inputs.
+
+    A constant or all-zero feature never gets here (``erasure`` skips it)."""
+    largest = max(abs(entry["min"]), abs(entry["max"]))
+    return largest < NEGLIGIBLE_BELOW and largest <= _FLOAT32_HALF_STEP_AT_1 * input_abs_max
+
+
 def erased_features(table: np.ndarray) -> list[dict[str, Any]]:
     """``erasure`` of every feature (column) of a ``(rows, features)`` array that some 16-bit
     dtype erases, with its ``feature`` index."""
@@ -147,6 +177,7 @@ class ContinuousInputs:
     def __init__(self) -> None:
         self._values: dict[tuple[str, int, int], list[np.ndarray]] = {}
         self._classes: dict[str, str] = {}
+        self._largest: dict[tuple[str, int], float] = {}   # each float input's largest |x|
 
     def observe(self, layer, path: str, args: tuple, kwargs: dict) -> None:
         import keras
@@ -157,24 +188,39 @@ class ContinuousInputs:
             return
         for index, leaf in enumerate(float_leaves(args, kwargs)):
             table = _sample_rows(leaf)
-            for feature in suspects(table) if table is not None else ():
+            if table is None or table.size == 0:
+                continue
+            largest = float(np.max(np.abs(table)))
+            self._largest[path, index] = max(self._largest.get((path, index), 0.0), largest)
+            for feature in suspects(table):
                 self._values.setdefault((path, index, feature), []).append(table[:, feature])
                 self._classes[path] = type(layer).__name__
 
-    def entries(self) -> list[dict[str, Any]]:
-        """The erased features, the worst _KEPT_PER_LAYER of each layer, in call order."""
-        by_layer: dict[str, list[dict[str, Any]]] = {}
+    def findings(self) -> dict[str, list[dict[str, Any]]]:
+        """The erased features (``continuous_inputs``) and, apart, the :func:`negligible` ones
+        (``negligible_inputs``): of each layer the worst _KEPT_PER_LAYER, in call order, each
+        with ``of_layer``, how many such features the layer receives in all."""
+        erased: dict[str, list[dict[str, Any]]] = {}
+        zero: dict[str, list[dict[str, Any]]] = {}
         for (path, index, feature), parts in self._values.items():
             entry = erasure(np.concatenate(parts)[:_MAX_ROWS])
-            if entry is not None:
-                by_layer.setdefault(path, []).append(
-                    {"layer": path, "class": self._classes[path], "input": index,
-                     "feature": feature, **entry})
-        kept: list[dict[str, Any]] = []
-        for entries in by_layer.values():
-            entries.sort(key=lambda entry: -max(entry["noise"].values()))
-            kept += entries[:_KEPT_PER_LAYER]
-        return kept
+            if entry is None:
+                continue
+            largest = self._largest[path, index]
+            found = zero if negligible(entry, largest) else erased
+            found.setdefault(path, []).append(
+                {"layer": path, "class": self._classes[path], "input": index,
+                 "feature": feature, **entry, "input_abs_max": largest})
+        return {"continuous_inputs": _worst_of_each(erased),
+                "negligible_inputs": _worst_of_each(zero)}
+
+
+def _worst_of_each(by_layer: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    kept: list[dict[str, Any]] = []
+    for entries in by_layer.values():
+        entries.sort(key=severity)
+        kept += [{**entry, "of_layer": len(entries)} for entry in entries[:_KEPT_PER_LAYER]]
+    return kept
 
 
 def _reason(entry: dict[str, Any], arrives: str, computes: str) -> str:

@@ -14,7 +14,8 @@ precision paper chose its scales by. Layers that receive float tensors carrying 
 receive continuous features that a 16-bit cast erases (``continuous_inputs``: a large offset, a
 small spread, see tuner.worker.continuous_inputs), and output layers whose targets a 16-bit
 output cannot produce (``output_heads``, see tuner.worker.output_targets) are candidates ahead
-of all others.
+of all others. Features float16 rounds to zero that the float32 model cannot use either are
+recorded apart (``negligible_inputs``) and name no candidate.
 Plain data out (``diagnose_task`` returns a dict). The statistics and what they conclude are
 tuner.worker.layer_ranges'; each step is traced by tuner.apply.instruments.traced_step, or, for
 a model the task compiles itself, read from its own ``train_step`` (tuner.worker.diagnose_steps).

@@ -160,8 +160,8 @@ def unavailable(task, steps: int, why: str,
     """Diagnostics that could not be taken (``why``): no layer, Keras's own initial loss
     scale; the input and target checks where ``findings`` has them (``forward_findings``),
     their layers the only candidates. The search then runs on the space as written."""
-    findings = {"integer_inputs": [], "continuous_inputs": [], "output_heads": [],
-                **(findings or {})}
+    findings = {"integer_inputs": [], "continuous_inputs": [], "negligible_inputs": [],
+                "output_heads": [], **(findings or {})}
     return {"task": str(task.path), "steps": steps, "layers": [],
             "candidates": _candidates([], _rounded_and_heads(findings)), **findings,
             "loss_scale": recommend_loss_scale(0.0, 0.0),

@@ -54,7 +54,7 @@ class LayerWatch:
 
     def findings(self) -> dict[str, list]:
         return {"integer_inputs": list(self.integer_inputs.values()),
-                "continuous_inputs": self.continuous.entries(),
+                **self.continuous.findings(),
                 "output_heads": self.targets.entries()}
 
 
