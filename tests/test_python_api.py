@@ -88,6 +88,9 @@ def test_a_model_defined_in_main_tunes_and_its_pick_applies(tmp_path, executor):
          "--run-dir", str(run_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "applied " in completed.stdout and "one epoch, loss" in completed.stdout
+    task_dir = tmp_path / "run.task"   # a small task file, the arrays as data beside it
+    assert (task_dir / "python_task.py").stat().st_size < 1500
+    assert (task_dir / "python_task.pkl").stat().st_size > 2048 * 32 * 4 + 2048 * 8
     result = tuner.load_result(run_dir)
     frame = result.trials
     finished = (run_dir / "trials.jsonl").read_text().splitlines()
@@ -103,11 +106,57 @@ def test_a_model_defined_in_main_tunes_and_its_pick_applies(tmp_path, executor):
     assert tuner.PrecisionConfig.load(saved).to_dict() == result.best.to_dict()
 
 
-def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
-    """A task written from Python embeds the user's arrays: the driver puts its code in Ray's
-    object store once, every trial's spec carries only a digest and a reference, and a worker
-    fetches the code the first time it sees the digest."""
+def test_a_task_from_python_is_a_small_file_its_data_a_file_beside_it(tmp_path):
+    """The arrays go into a data file as their own bytes (pickle protocol 5, no base64 text);
+    the task file is a few lines that load it by a path relative to itself, and refuses in
+    one line when the data beside it is missing or was changed."""
     import pickle
+
+    import numpy as np
+
+    from tuner.api.task_writer import task_objects, write_task
+    from tuner.errors import TaskError
+    from tuner.worker.task_loader import load_task
+
+    x = np.arange(500_000, dtype="float32").reshape(1000, 500)    # 2 MB
+    y = np.arange(1000, dtype="int64")
+    path = write_task(tmp_path / "from_python.py", task_objects(lambda: None, (x, y), "mse"))
+    data = tmp_path / "from_python.pkl"
+    text = path.read_text()
+    assert len(text) < 1500 and max(len(line) for line in text.splitlines()) <= 100
+    assert "b64" not in text and f"{data.stat().st_size:,} bytes" in text
+    raw = x.nbytes + y.nbytes
+    assert raw < data.stat().st_size < raw + 5_000
+    with data.open("rb") as file:
+        kept = pickle.load(file)["train_data"]()
+    assert np.array_equal(kept[0], x) and np.array_equal(kept[1], y)
+    loaded = load_task(str(path)).train_data()
+    assert np.array_equal(loaded[0], x) and np.array_equal(loaded[1], y)
+    assert not list(tmp_path.glob(".*"))       # no partial file left behind
+
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (moved / path.name).write_text(text)        # the task without its data
+    with pytest.raises(TaskError, match="from_python.pkl .* is missing or was changed"):
+        load_task(str(moved / path.name))
+    with pytest.raises(UsageError, match="could not be pickled"):
+        write_task(tmp_path / "lock.py", task_objects(lambda: None, (x, y), _Unpicklable()))
+    assert not list(tmp_path.glob("*lock*")) and not list(tmp_path.glob(".*"))
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle this loss")
+
+
+def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
+    """A task written from Python has its arrays in a data file: the driver puts its code and
+    the data's bytes in Ray's object store once per job, every trial's spec carries only a
+    digest and references, and a worker fetches the code the first time it sees the digest,
+    the data only where its node lacks the file. A Ray instance of the driver's own (this
+    machine only) ships no data: its workers read the driver's file."""
+    import pickle
+    import tempfile
 
     import numpy as np
     import ray
@@ -117,25 +166,44 @@ def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
     from tuner.trial_types import TrialSpec
     from tuner.worker import task_loader
 
-    x = np.zeros((1000, 500), "float32")              # 2 MB, more as base64
+    x = np.ones((1000, 500), "float32")              # 2 MB
     path = write_task(tmp_path / "from_python.py", task_objects(lambda: None, (x, x), "mse"))
     put = []
     monkeypatch.setattr(ray, "put", lambda value: put.append(value) or f"ref-{len(put)}")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "node"))
     executor = RayExecutor.__new__(RayExecutor)       # only the shipping, no cluster
-    executor.task_source_cache = {}
+    executor.task_source_cache, executor._owns_ray = {}, False
     payloads = [executor._with_source(TrialSpec(number, str(path), {}, 10, 2))
                 for number in range(5)]
-    assert len(put) == 1 and put[0] == path.read_text() and len(put[0]) > 2_000_000
+    data = (tmp_path / "from_python.pkl").read_bytes()
+    assert put == [path.read_text(), data] and len(data) > x.nbytes
     assert max(len(pickle.dumps(payload)) for payload in payloads) < 2_000
     assert all(TrialSpec.from_dict(payload).task_path == str(path) for payload in payloads)
 
+    task_loader.forget_tasks()
     fetched = []
     elsewhere = "/node-without-the-file/from_python.py"
     for payload in payloads:
-        task_loader.receive_task(elsewhere, payload["shipped"]["digest"],
-                                 lambda: fetched.append(1) or put[0])
-    assert len(fetched) == 1
-    assert Path(task_loader.task_file_here(elsewhere)).read_text() == put[0]
+        shipped = payload["shipped"]
+        task_loader.receive_task(elsewhere, shipped["digest"],
+                                 lambda: fetched.append("code") or put[0],
+                                 (shipped["data_name"], lambda: fetched.append("data") or put[1]))
+    assert fetched == ["code", "data"]
+    here = Path(task_loader.task_file_here(elsewhere))
+    assert here.read_text() == put[0] and here.with_suffix(".pkl").read_bytes() == data
+    assert here.is_relative_to(tmp_path / "node")
+    assert np.array_equal(task_loader.load_task(str(here)).train_data()[0], x)
+
+    task_loader.forget_tasks()                        # a node with the driver's files
+    task_loader.receive_task(str(path), shipped["digest"], lambda: put[0],
+                             (shipped["data_name"], lambda: fetched.append("again")))
+    assert task_loader.task_file_here(str(path)) == str(path) and "again" not in fetched
+
+    put.clear()
+    executor.task_source_cache, executor._owns_ray = {}, True
+    assert "data_ref" not in executor._with_source(TrialSpec(0, str(path), {}, 10, 2))["shipped"]
+    assert put == [path.read_text()]
+    task_loader.forget_tasks()
 
 
 def test_loss_none_is_a_choice_and_a_missing_loss_is_refused(tmp_path):
@@ -154,3 +222,58 @@ def test_loss_none_is_a_choice_and_a_missing_loss_is_refused(tmp_path):
     task = load_task(str(path))
     assert task.loss is None
     assert np.array_equal(task.train_data(), images)
+
+
+@pytest.mark.slow
+def test_a_ray_worker_without_the_drivers_files_trains_on_the_shipped_data(tmp_path):
+    """Ray started by the caller (as for a cluster): the data's bytes go into Ray's object
+    store with the task's code. The driver's files are moved away once shipped, as on a node
+    that never had them: the worker copies the task and its data from the object store and
+    trains on the arrays. The task runs in the driver's working directory (Ray on this
+    machine), its data found beside the task file, not there."""
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+    import ray
+
+    from tuner.api.task_writer import task_objects, write_task
+    from tuner.apply.config import PrecisionConfig
+    from tuner.execution.ray_pool import RayExecutor
+    from tuner.trial_types import TrialOutcome, TrialSpec
+
+    marker = tmp_path / "cwd.txt"
+
+    def build_model():
+        import keras
+
+        marker.write_text(os.getcwd())
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                                 keras.layers.Dense(1)])
+
+    x = np.random.default_rng(0).normal(size=(512, 8)).astype("float32")
+    driver_dir = tmp_path / "driver"
+    path = write_task(driver_dir / "from_python.py",
+                      task_objects(build_model, (x, x.sum(axis=1)), "mse", batch_size=32))
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=100 * 1024 * 1024)
+    executor = RayExecutor(workers=1)
+    copy = Path("/nonexistent")
+    try:
+        shipped = executor._shipped(str(path))
+        assert {"data_name", "data_ref"} <= set(shipped)
+        shutil.move(driver_dir, tmp_path / "gone")     # the worker's node has no such path
+        info = executor.probe(str(path), 4)
+        assert info["batch_size"] == 32
+        result = executor.run(TrialSpec(0, str(path), PrecisionConfig().to_dict(), 6, 2), 300)
+        assert result.outcome is TrialOutcome.COMPLETED, result.failure_message
+        assert len(result.losses) == 6 and np.isfinite(result.losses).all()
+        assert marker.read_text() == os.getcwd()
+        copy = Path(tempfile.gettempdir()) / "precision-tuner-tasks" / shipped["digest"]
+        assert (copy / "from_python.pkl").read_bytes() == \
+            (tmp_path / "gone" / "from_python.pkl").read_bytes()
+    finally:
+        executor.close()
+        ray.shutdown()
+        shutil.rmtree(copy, ignore_errors=True)

@@ -16,11 +16,9 @@ or the service's), its shipping of the task and its scheduling share the slots' 
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Sequence
 
 from tuner import job_context
@@ -32,6 +30,7 @@ from tuner.execution.ray_actor import trial_actor_class
 from tuner.execution.ray_exclusive import ExclusiveTiming
 from tuner.execution.ray_lifecycle import ActorLifecycle
 from tuner.execution.ray_slots import ACTOR_START_TIMEOUT_S, PLACEMENT_TIMEOUT_S, Slot
+from tuner.execution.task_shipping import shipment
 from tuner.execution.warm_pool import Lender, find_keeper
 from tuner.execution.watchdog import share_fate
 
@@ -169,18 +168,14 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
 
     # -- checking the task -----------------------------------------------------------------
     def _shipped(self, task_path: str) -> dict:
-        """The task file's code, put in Ray's object store once per job: a spec carries its
-        digest and a reference (in a list, so Ray passes it unresolved), and a worker fetches
-        the code the first time it sees the digest. Another node may not have the driver's
-        file, and a task written by tuner.tune() embeds the user's arrays: copying them with
-        every trial's spec would move them once per trial."""
+        """The task, put in Ray's object store once per job (tuner.execution.task_shipping):
+        a spec carries a digest and references, and a worker fetches what its node lacks the
+        first time it sees the digest. Another node may not have the driver's files, and
+        copying a task's data with every trial's spec would move it once per trial. A Ray
+        instance of our own runs on this machine only: its workers read the data file where
+        the driver wrote it, and the object store (200 MB) holds no copy of it."""
         if task_path not in self.task_source_cache:
-            import ray
-
-            source = Path(task_path).read_text()
-            self.task_source_cache[task_path] = {
-                "digest": hashlib.sha256(source.encode()).hexdigest()[:16],
-                "ref": [ray.put(source)]}
+            self.task_source_cache[task_path] = shipment(task_path, with_data=not self.runs_here)
         return self.task_source_cache[task_path]
 
     def _call(self, what: str, method: str, *args, timeout_s: float) -> dict:

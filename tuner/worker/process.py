@@ -138,12 +138,15 @@ class TrialWorker:
     @staticmethod
     def _receive(task_path: str, shipped: dict) -> None:
         """``shipped``: the task code's digest and, in a list so that Ray passes it unresolved,
-        its object reference (tuner.execution.ray_pool)."""
+        its object reference, with its data file's name and reference where the driver
+        shipped one (tuner.execution.task_shipping)."""
         import ray
 
         from tuner.worker.task_loader import receive_task  # numpy at import
 
-        receive_task(task_path, shipped["digest"], lambda: ray.get(shipped["ref"][0]))
+        data = (shipped["data_name"], lambda: ray.get(shipped["data_ref"][0])) \
+            if "data_name" in shipped else None
+        receive_task(task_path, shipped["digest"], lambda: ray.get(shipped["ref"][0]), data)
 
     def _received(self, spec_dict: dict) -> dict:
         spec_dict = dict(spec_dict)

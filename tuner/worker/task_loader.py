@@ -96,12 +96,15 @@ _received: dict[str, str] = {}   # the code's digest -> its file on this node
 _here: dict[str, str] = {}       # the driver's path -> the file of the code last received
 
 
-def receive_task(task_path: str, digest: str, fetch: Callable[[], str]) -> None:
+def receive_task(task_path: str, digest: str, fetch: Callable[[], str],
+                 data: tuple[str, Callable[[], bytes]] | None = None) -> None:
     """The driver's task file, shipped by reference (Ray's object store): its code is fetched
     (``fetch()``) the first time this worker sees ``digest``, not with every trial, and from
-    then on ``task_path`` names it here. A task written from Python holds its arrays."""
+    then on ``task_path`` names it here. ``data``: the name of the data file a task written
+    by tuner.tune() loads from beside itself, and its fetch, called only where this node has
+    no copy of it."""
     if digest not in _received:
-        _received[digest] = task_file_here(task_path, fetch())
+        _received[digest] = task_file_here(task_path, fetch(), data)
     _here[task_path] = _received[digest]
 
 
@@ -115,15 +118,18 @@ def forget_tasks() -> int:
     return count
 
 
-def task_file_here(task_path: str, task_source: str | None = None) -> str:
-    """The task file on this node: the same path when it holds the same code (one machine, or
-    a shared file system), else a copy of the driver's file in a per-content cache folder.
+def task_file_here(task_path: str, task_source: str | None = None,
+                   data: tuple[str, Callable[[], bytes]] | None = None) -> str:
+    """The task file on this node: the same path when it holds the same code, and the data
+    file beside it where the task has one (one machine, or a shared file system), else a copy
+    of the driver's file, its data file beside it, in a per-content cache folder.
     Without ``task_source``: the file last received for ``task_path``, or the path itself."""
     if task_source is None:
         return _here.get(task_path, task_path)
     path = Path(task_path)
     try:
-        if path.read_text() == task_source:
+        if path.read_text() == task_source and (data is None
+                                                or (path.parent / data[0]).is_file()):
             return task_path
     except OSError:
         pass
@@ -133,12 +139,19 @@ def task_file_here(task_path: str, task_source: str | None = None) -> str:
     digest = hashlib.sha256(task_source.encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / "precision-tuner-tasks" / digest
     folder.mkdir(parents=True, exist_ok=True)
-    copy = folder / path.name
-    if not copy.exists():  # whole or not at all: another worker may be importing it already
-        partial = folder / f".{path.name}.{os.getpid()}"
-        partial.write_text(task_source)
-        os.replace(partial, copy)
-    return str(copy)
+    if data is not None:  # before the code: a copy of the task never lacks its data
+        _write_once(folder / Path(data[0]).name, data[1])
+    _write_once(folder / path.name, task_source.encode)
+    return str(folder / path.name)
+
+
+def _write_once(path: Path, content: Callable[[], bytes]) -> None:
+    """Write ``content()`` at ``path`` unless it is there: whole or not at all, as another
+    worker on this node may be reading it already."""
+    if not path.exists():
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_bytes(content())
+        os.replace(partial, path)
 
 
 _batch_cache: dict[tuple[str, int], list] = {}
