@@ -23,6 +23,7 @@ from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.api.options import flags_from, tune_options
 from tuner.api.run import tune
 from tuner.run.plan import resolve
+from tuner.execution.task_shipping import data_file_of
 from tuner.run.task_file import check_task_file
 
 # tune options that a job passes on as given (the rest -- run directory, tracking, Ray address,
@@ -96,7 +97,8 @@ def submit(args) -> int:
                 "PYTHONUNBUFFERED": "1"}
     if resumes:
         env_vars[job_context.RESUMES_ENV] = resumes
-    files = {path.name: path.read_bytes() for path in (task_path, space_file) if path}
+    data = data_file_of(task_path, task_path.read_text())   # tune()'s objects, beside the task
+    files = {path.name: path.read_bytes() for path in (task_path, space_file, data) if path}
     command = entrypoint(task_name=task_path.name,
                          space_name=space_file.name if space_file else None,
                          run_root=run_root, tracking_uri=service.tracking_uri,
