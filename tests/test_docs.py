@@ -153,7 +153,8 @@ def test_the_benchmark_plots_on_the_site_are_their_results_files(tmp_path):
         committed = ROOT / "docs" / "img" / "benchmarks" / image.name
         assert committed.read_bytes() == image.read_bytes(), \
             f"{committed} is not its results file's: run python benchmarks/plots.py"
-        assert f"img/benchmarks/{image.name}" in (ROOT / "docs" / "benchmarks.md").read_text()
+        overview = (ROOT / "docs" / "benchmarks-overview.md").read_text()
+        assert f"img/benchmarks/{image.name}" in overview
 
 
 def test_the_exit_code_table_is_what_the_command_line_returns(tmp_path, monkeypatch):
@@ -190,3 +191,16 @@ def test_the_exit_code_table_is_what_the_command_line_returns(tmp_path, monkeypa
                             lambda *args, worse=worse, **kwargs: {"verdict": {"worse": worse}})
         assert app.main(["train", str(task), "--config", str(config),
                          "--against", "float32"]) == code
+
+
+def test_no_two_paths_of_the_repository_differ_only_by_case():
+    """macOS and Windows file systems ignore case: two such paths collide in a checkout (as
+    docs/benchmarks.md and docs/BENCHMARKS.md did), and so would their pages in a built site."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    paths = {str(Path(*Path(name).parts[:depth])) for name in listed
+             for depth in range(1, len(Path(name).parts) + 1)}
+    by_case: dict[str, set[str]] = {}
+    for path in paths:
+        by_case.setdefault(path.lower(), set()).add(path)
+    assert not [sorted(same) for same in by_case.values() if len(same) > 1]
