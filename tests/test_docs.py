@@ -153,4 +153,54 @@ def test_the_benchmark_plots_on_the_site_are_their_results_files(tmp_path):
         committed = ROOT / "docs" / "img" / "benchmarks" / image.name
         assert committed.read_bytes() == image.read_bytes(), \
             f"{committed} is not its results file's: run python benchmarks/plots.py"
-        assert f"img/benchmarks/{image.name}" in (ROOT / "docs" / "benchmarks.md").read_text()
+        overview = (ROOT / "docs" / "benchmarks-overview.md").read_text()
+        assert f"img/benchmarks/{image.name}" in overview
+
+
+def test_the_exit_code_table_is_what_the_command_line_returns(tmp_path, monkeypatch):
+    """reference/cli.md's table of exit codes lists the codes ``precision-tuner`` returns, and
+    each is returned where the table says."""
+    from tuner.cli import app, commands
+    from tuner.errors import ServiceOutage, TaskError, TunerError, UsageError
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    table = page[page.index("## Exit codes"):page.index("<!-- cli-reference -->")]
+    assert [int(code) for code in re.findall(r"^\| (\d+) \|", table, re.M)] == [0, 1, 2, 3, 130]
+
+    def raising(error):
+        def command(args):
+            raise error
+        return command
+
+    for error, code in ((TunerError("x"), 1), (ServiceOutage("x"), 1), (UsageError("x"), 2),
+                        (TaskError("x"), 2), (KeyboardInterrupt(), 130)):
+        monkeypatch.setattr(commands, "spaces", raising(error))
+        assert app.main(["spaces"]) == code, error
+    assert app.main([]) == 2                                       # no command: the help
+    for argv, code in ((["--no-such-flag"], 2), (["--version"], 0), (["tune", "--help"], 0)):
+        with pytest.raises(SystemExit) as exited:
+            app.main(argv)
+        assert exited.value.code == code, argv
+    assert app.main(["service", "status", "--dir", str(tmp_path)]) == 3
+    assert app.main(["service", "stop", "--dir", str(tmp_path)]) == 0
+    task, config = tmp_path / "task.py", tmp_path / "best.json"
+    task.write_text("")
+    monkeypatch.setattr(commands, "require_tensorflow", lambda: None)
+    for worse, code in ((True, 1), (False, 0)):
+        monkeypatch.setattr(commands, "train_guarded",
+                            lambda *args, worse=worse, **kwargs: {"verdict": {"worse": worse}})
+        assert app.main(["train", str(task), "--config", str(config),
+                         "--against", "float32"]) == code
+
+
+def test_no_two_paths_of_the_repository_differ_only_by_case():
+    """macOS and Windows file systems ignore case: two such paths collide in a checkout (as
+    docs/benchmarks.md and docs/BENCHMARKS.md did), and so would their pages in a built site."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    paths = {str(Path(*Path(name).parts[:depth])) for name in listed
+             for depth in range(1, len(Path(name).parts) + 1)}
+    by_case: dict[str, set[str]] = {}
+    for path in paths:
+        by_case.setdefault(path.lower(), set()).add(path)
+    assert not [sorted(same) for same in by_case.values() if len(same) > 1]

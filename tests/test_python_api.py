@@ -3,6 +3,7 @@ as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned e
 
 import inspect
 import subprocess
+import typing
 from pathlib import Path
 import sys
 
@@ -277,3 +278,20 @@ def test_a_ray_worker_without_the_drivers_files_trains_on_the_shipped_data(tmp_p
         executor.close()
         ray.shutdown()
         shutil.rmtree(copy, ignore_errors=True)
+
+
+def test_objective_is_importable_from_the_package_and_is_what_tune_takes():
+    """``from tuner import Objective`` (python.md's ``objective=Objective.MEMORY``) is the
+    enum ``tune`` is typed with, and importing it loads no heavy package."""
+    from tuner import Objective as public
+
+    assert public is Objective and "Objective" in tuner.__all__ and "Objective" in dir(tuner)
+    assert public("memory") is public.MEMORY
+    annotated = inspect.signature(tuner.tune).parameters["objective"].annotation
+    assert typing.get_args(annotated)[0] == (public | None)   # Annotated[Objective | None, ...]
+    code = ("import sys\nfrom tuner import Objective\n"
+            "print(sorted(m for m in ('tensorflow', 'keras', 'mlflow', 'ray', 'optuna') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

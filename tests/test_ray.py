@@ -100,3 +100,23 @@ def test_worker_killed_mid_trial_fails_only_that_trial(tmp_path):
     assert len(trials) == 4 and len(crashed) == 1, [t["reason"] for t in trials]
     assert "worker process crashed" in crashed[0]["reason"]
     assert all(t["verdict"] != "failed" for t in trials if t not in crashed)
+
+
+def test_a_local_ray_that_cannot_start_is_one_line_that_names_the_way_round(tmp_path):
+    """Ray refuses to start under a temporary directory whose socket paths pass 107 bytes (a
+    container's long TMPDIR): one line with Ray's reason and --executor local, exit 1, no
+    traceback and no run directory."""
+    long_tmp = tmp_path / ("t" * 110)
+    long_tmp.mkdir()
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(TASKS / "tiny_mlp.py"), "--executor", "ray",
+         "--run-dir", str(run_dir), "--out", str(tmp_path / "best.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TMPDIR": str(long_tmp)})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    failed = [line for line in done.stderr.splitlines() if line.startswith("precision-tuner:")]
+    assert len(failed) == 1 and "cannot start a local Ray instance" in failed[0]
+    assert "AF_UNIX path length" in failed[0] and "--executor local" in failed[0]
+    assert not run_dir.exists()

@@ -121,3 +121,37 @@ def test_two_jobs_creating_one_experiment_at_once_both_get_it(tmp_path):
     assert winner_id == experiment.experiment_id and loser.looked == 2
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
     assert experiment_for(store, "precision-tuner/tiny_mlp", None) == winner_id
+
+
+def test_the_trials_link_ranks_by_the_re_measured_speedup_and_lists_the_rest_after(tmp_path):
+    """The UI's "fastest first" link sorts by the figure the pick is decided on, which only
+    float32 and the finalists carry: a search run's single speedup (here #2's 3.0x) does not
+    put it on top, and MLflow lists the runs without the figure after the ranked ones."""
+    import urllib.parse
+
+    from mlflow import MlflowClient
+
+    from tuner.judging.noise import SpeedupEstimate
+    from tuner.records.mlflow_records import Tracker
+    from tuner.records.mlflow_stores import ui_paths
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, tmp_path, "precision-tuner/x")
+    tracker.start_parent("tune x", {}, {})
+    runs = {number: tracker.start_trial(number=number, config=PrecisionConfig(policy))
+            for number, policy in ((0, "float32"), (1, "mixed_bfloat16"), (2, "mixed_float16"),
+                                   (3, "bfloat16"))}
+    tracker.log_remeasure(runs[0], 10.0, SpeedupEstimate.identity(4))
+    tracker.log_remeasure(runs[1], 8.0, SpeedupEstimate(1.25, 1.2, 1.3, 4))
+    tracker.log_remeasure(runs[3], 12.5, SpeedupEstimate(0.8, 0.75, 0.85, 4))
+    tracker.client.log_metric(runs[2], "speedup_vs_float32", 3.0)   # a search run, not re-timed
+
+    link = ui_paths(uri, "precision-tuner/x", tracker.parent_id)["trials, fastest first"]
+    query = urllib.parse.parse_qs(link.partition("?")[2])
+    assert query["orderByKey"] == ["metrics.`remeasured_speedup_vs_float32`"]
+    assert query["orderByAsc"] == ["false"]
+    listed = MlflowClient(uri).search_runs(
+        [tracker.experiment_id], order_by=[f"{query['orderByKey'][0]} DESC"])
+    order = [run.info.run_id for run in listed]
+    assert order[:3] == [runs[1], runs[0], runs[3]]
+    assert set(order[3:]) == {runs[2], tracker.parent_id}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from typing import Sequence
 
@@ -57,28 +58,7 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         # When and where each exclusive session ran: plain data for run.json and MLflow.
         self.exclusive_phases: list[dict] = []
         if not ray.is_initialized():
-            try:
-                if address is None:
-                    # A driver killed without ray.shutdown() takes the Ray it started along.
-                    self._fate = share_fate()
-                    # "local": a new instance of our own, even where `ray start` left a
-                    # cluster running on this machine (ray.init() would attach to that one).
-                    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
-                             log_to_driver=False, logging_level=logging.WARNING,
-                             object_store_memory=200 * 1024 * 1024)
-                    self._owns_ray = True
-                else:
-                    ray.init(address=address, log_to_driver=False,
-                             logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                if self._fate is not None:
-                    self._fate.release()
-                if address is None:
-                    raise TrialInfrastructureError(f"cannot start a local Ray instance: "
-                                                   f"{first_line(exc)}") from None
-                raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
-                                 f"{first_line(exc)}. Start it "
-                                 "(`ray start --head`) or fix the address.") from None
+            self._start_ray(address)
         resources = ray.cluster_resources()
         self.total_cpus = int(resources.get("CPU", 1))
         self.total_gpus = float(resources.get("GPU", 0))
@@ -98,6 +78,38 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         # a line per node lost, for the summary and run.json.
         self._requeued: list[tuple[TrialSpec, float]] = []
         self.node_losses: list[str] = []
+
+    def _start_ray(self, address: str | None) -> None:
+        """A local Ray instance of our own (``address`` None) or a connection to a cluster;
+        either failure is one line."""
+        import ray
+
+        try:
+            if address is None:
+                # A driver killed without ray.shutdown() takes the Ray it started along.
+                self._fate = share_fate()
+                # "local": a new instance of our own, even where `ray start` left a
+                # cluster running on this machine (ray.init() would attach to that one).
+                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False, logging_level=logging.WARNING,
+                         object_store_memory=200 * 1024 * 1024)
+                self._owns_ray = True
+            else:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        # OSError: Ray's own checks at start (a socket path past 107 bytes under a long
+        # TMPDIR) raise it, and it would reach the user as a traceback.
+        except (OSError, RuntimeError, ValueError) as exc:
+            if self._fate is not None:
+                self._fate.release()
+            if address is None:
+                logs = Path(tempfile.gettempdir()) / "ray" / "session_latest" / "logs"
+                raise TrialInfrastructureError(
+                    f"cannot start a local Ray instance: {first_line(exc)}. Ray's logs: "
+                    f"{logs}. Without Ray, one trial at a time: --executor local (and no "
+                    "--workers)") from None
+            raise UsageError(f"cannot connect to the Ray cluster at --ray-address {address}: "
+                             f"{first_line(exc)}. Start it "
+                             "(`ray start --head`) or fix the address.") from None
 
     # -- the pool --------------------------------------------------------------------------
     @property
