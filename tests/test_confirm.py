@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
-from tuner.run.confirm import CHECKPOINTS, ConfirmBudget
+from tuner.run.confirmation_run import CHECKPOINTS, ConfirmBudget
 from tuner.run.plan import Flags, resolve
 from tuner.errors import UsageError
 from tuner.run.remeasure import remeasure

@@ -55,7 +55,7 @@ def executor():
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     from tuner.apply.config import PrecisionConfig
-    from tuner.run.job import tune
+    from tuner.run.search_run import run_search
     from tuner.run.plan import Flags, Remeasurement, resolve
 
     space = tmp_path / "zoo.yaml"
@@ -79,7 +79,7 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     # Verdicts are the point: no trial is stopped early for being slow on this CPU.
     plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2),
                    slow_factor=1e9)
-    summary = tune(plan, executor, diagnostics=diagnostics, task_info=info)
+    summary = run_search(plan, executor, diagnostics=diagnostics, task_info=info)
 
     trials = read_trials(plan.run_dir)
     assert [t["config"]["policy"] for t in trials][:1] == ["float32"]

@@ -21,7 +21,7 @@ from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
 from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.api.options import flags_from, tune_options
-from tuner.api.run import tune
+from tuner.api.tuning import tune
 from tuner.run.plan import resolve
 from tuner.execution.task_shipping import data_file_of
 from tuner.run.task_file import check_task_file

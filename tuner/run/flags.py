@@ -44,7 +44,7 @@ class Flags:
     objective: Objective | None = field(default=None, metadata=KEPT)
     memory_slack: float | None = field(default=None, metadata=KEPT)
     trial_seconds: float | None = None  # the sizing cap (tuner.judging.sizing); only without --steps
-    confirm_steps: int | None = None    # the confirmation's length (tuner.run.confirm)
+    confirm_steps: int | None = None    # the confirmation's length (tuner.run.confirmation_run)
     confirm_seconds: float | None = None
     no_confirm: bool = False
 

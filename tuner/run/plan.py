@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.apply.config import compute_dtype_of
-from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
+from tuner.run.confirmation_run import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
 from tuner.run.flags import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, Flags, check_resume,

@@ -1,10 +1,10 @@
 """The tune job, from the task check to the summary: what ``tuner.tune()`` and
-``precision-tuner tune`` both run (tuner.api.run).
+``precision-tuner tune`` both run (tuner.api.tuning).
 
 The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan
 is resolved (tuner.run.plan), the task checked and the space fitted to the model on the
-executor, and the job runs (tuner.run.job) under the live progress bar; the summary is printed
-at the end.
+executor, and the search runs (tuner.run.search_run) under the live progress bar; the summary
+is printed at the end.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tuner.records.mlflow_stores import StagedStores, redact_uri
 from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown, describe_ceiling
-from tuner.run.job import tune
+from tuner.run.search_run import run_search
 from tuner.api.options import default_run_dir, flags_from
 from tuner.run.plan import resolve
 from tuner.run.task_file import check_task_file, require_tensorflow
@@ -53,7 +53,7 @@ def _check_writable_dir(path: Path) -> None:
                          " Choose another location.") from None
 
 
-def run_tune(args) -> None:
+def run_job(args) -> None:
     from rich.console import Console
 
     started = time.perf_counter()
@@ -119,8 +119,8 @@ def _run_job(args, plan, executor, console, store, previous, clock, started, tas
     if previous is not None:
         console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
     with live_progress(console, plan.trials, done) as progress:
-        summary = tune(plan, executor, progress, task_info, started=started,
-                       diagnostics=diagnostics, clock=clock)
+        summary = run_search(plan, executor, progress, task_info, started=started,
+                             diagnostics=diagnostics, clock=clock)
     if executor.log_path is not None:
         _copy_log(executor.log_path, plan.run_dir / "worker.log")
     return summary

@@ -1,10 +1,11 @@
-"""Where a run directory is opened or resumed, and a tuning job runs from start to records.
+"""The search: a tune job's plan run from its run directory opened to its records closed.
 
-``tune(plan, executor)``: open the run directory (or resume it: finished trials are kept,
-trials that were running are failed in Optuna, their MLflow runs ended as killed, and
-re-queued), run the search (``tuner.run.trial_loop``), re-measure the finalists
-(``tuner.run.remeasure``), and close the records: best config with provenance, trials.json, plots,
-the MLflow parent run. Only this process writes the Optuna storage and MLflow.
+``run_search(plan, executor)`` (tuner.api.job runs it): open the run directory (or resume it:
+finished trials are kept, trials that were running are failed in Optuna, their MLflow runs
+ended as killed, and re-queued), run the trials (``tuner.run.trial_loop``), re-measure the
+finalists (``tuner.run.remeasure``) and confirm the pick (``tuner.run.confirmation_run``), and
+close the records: best config with provenance, trials.json, plots, the MLflow parent run. Only
+this process writes the Optuna storage and MLflow.
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
     return study, scheduler_factory(study, []), []
 
 
-def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
-         task_info: dict[str, Any] | None = None, started: float | None = None,
-         diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
-         ) -> TuneSummary:
-    """Run (or resume) a whole tuning job; the caller has validated input and resolved the
+def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = None,
+               task_info: dict[str, Any] | None = None, started: float | None = None,
+               diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
+               ) -> TuneSummary:
+    """Run (or resume) the search of ``plan``; the caller has validated input and resolved the
     plan (already informed by ``diagnostics``, which are recorded here). ``started`` (a
     ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time,
     and ``clock`` the phases it timed (start-up, task check, diagnostics)."""
@@ -116,7 +117,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
     if task_info.get("ceiling"):
         records.after_first_trial(tracker.log_ceiling, task_info["ceiling"])
     clock.add("opening records", time.perf_counter() - opening)
-    exhausted, outcome = _search(scheduler, executor, records, store, tracker, clock)
+    exhausted, outcome = _phases(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
     if plan.objective.uses_memory and executor.runs_here:
         with clock.phase("memory check"):
@@ -142,7 +143,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
     return summary
 
 
-def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,
+def _phases(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,
             clock: TimeBreakdown):
     """The trials, the re-measurement and the confirmation: ``(space exhausted, outcome)``;
     then a service job's driver steps aside (``_step_aside``). On Ctrl-C or an error, what

@@ -23,7 +23,7 @@ from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.judging.sizing import DEFAULT_CAP_S
-from tuner.run.confirm import DEFAULT_SECONDS as CONFIRM_SECONDS
+from tuner.run.confirmation_run import DEFAULT_SECONDS as CONFIRM_SECONDS
 from tuner.run.flags import DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT
 
 
@@ -166,8 +166,8 @@ tune.__doc__ += "\n" + options_help(tune) + "\n"
 def tune_parsed(args: argparse.Namespace) -> TuneResult:
     """The job for the options (``precision-tuner tune``'s parsed, or ``tune()``'s checked):
     check, fit, search, re-measure, confirm, export; the run read back."""
-    from tuner.api.tune_job import run_tune  # the job's stack: not for the CLI's parser
+    from tuner.api.job import run_job  # the job's stack: not for the CLI's parser
 
     with interrupt.handling():
-        run_tune(args)
+        run_job(args)
     return TuneResult(args.run_dir)
