@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from tuner.apply.vocabulary import Vocabulary
 from tuner.errors import UsageError
-from tuner.run.flags import Flags
+from tuner.run.options import Flags
 
 TRY, JUDGE, GOES, RUNS = ("what to try", "how the pick is made and checked", "where things go",
                           "where trials run")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 from tuner import interrupt
-from tuner.api.arguments import gain, positive_int, ratio, seconds, workers_count
+from tuner.run.option_checks import gain, positive_int, ratio, seconds, workers_count
 from tuner.api.options import (GOES, JUDGE, RUNS, TRY, Option, checked, default_run_dir,
                                options_help)
 from tuner.api.result import BEST_FILE, TuneResult
@@ -24,7 +24,7 @@ from tuner.judging.noise import RUN_DRIFT_SD
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.judging.sizing import DEFAULT_CAP_S
 from tuner.run.confirmation_run import DEFAULT_SECONDS as CONFIRM_SECONDS
-from tuner.run.flags import DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT
+from tuner.run.options import DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT
 
 
 def tune(

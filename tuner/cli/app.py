@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
-from tuner.api.arguments import count, positive_int
+from tuner.run.option_checks import count, positive_int
 from tuner.api.options import add_tune_parser
 from tuner.api.tuning import tune as tune_function, tune_parsed
 from tuner.cli import jobs

@@ -17,8 +17,8 @@ from tuner.apply.config import compute_dtype_of
 from tuner.run.confirmation_run import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
-from tuner.run.flags import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, Flags, check_resume,
-                             space_ref)
+from tuner.run.options import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, Flags, check_resume,
+                               space_ref)
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
