@@ -30,9 +30,10 @@ TENSORFLOW = {"tensorflow", "keras"}
 # (importer, imported): function-local imports of tuner modules that import nothing heavy,
 # each with its reason.
 DEFERRED = {
-    ("tuner.api.tuning", "tuner.api.job"): "the tune job's stack (0.15 s of imports): the "
-                                             "CLI reads tune()'s signature, submit and the "
-                                             "job commands do not run it",
+    ("tuner.api.tuning", "tuner.api.job"): "the tune job's stack (0.15 s of imports): "
+                                           "`import tuner` and help(tuner.tune) do not run it",
+    ("tuner.cli.app", "tuner.api.job"): "the tune job's stack: submit and the job commands do "
+                                        "not run it",
     ("tuner.cli.app", "tuner.cli.commands"): "export/ui/diagnose/spaces import the executors",
     ("tuner.cli.app", "tuner.cli.service_commands"): "the service's server side",
 }

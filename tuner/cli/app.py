@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
-from tuner.run.option_checks import count, positive_int
-from tuner.api.options import add_tune_parser
-from tuner.api.tuning import tune as tune_function, tune_parsed
 from tuner.cli import jobs
 from tuner.cli.jobs import FORWARDED
+from tuner.cli.tune_parser import add_tune_parser, options_from
+from tuner.run.option_checks import count, positive_int
 
 # Each command imports what it runs when it runs (tune: the whole job; service: Ray), so that
 # `precision-tuner submit` and the job commands start in a fraction of a second.
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    tune = add_tune_parser(commands, tune_function)
+    tune = add_tune_parser(commands)
     _add_other_commands(commands)
     _add_service_commands(commands, tune)
     return parser
@@ -250,9 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    options = None
     try:
-        if args.command == "tune":  # the same entry as tuner.tune()
-            tune_parsed(args)
+        if args.command == "tune":  # the same job as tuner.tune(), on the same options
+            options = options_from(args)
+            from tuner.api.job import run_job  # the job's stack: not for the other commands
+
+            run_job(options)
             return 0
         if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
             return _service_command(args)
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         hint = ""
-        if getattr(args, "command", None) == "tune" and getattr(args, "run_dir", None):
-            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {args.run_dir}"
+        if options is not None:
+            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {options.run_dir}"
         print(f"precision-tuner: interrupted{hint}", file=sys.stderr)
         return 130
