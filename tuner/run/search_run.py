@@ -36,7 +36,9 @@ from tuner.records.mlflow_stores import default_tracking_uri
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
           task_info: dict[str, Any], chosen: dict | None = None
-          ) -> tuple[Any, Scheduler, list[str]]:
+          ) -> tuple[Scheduler, list[str]]:
+    """The run's study opened (or resumed, its running trials re-queued) and the scheduler
+    over it, with the lines a resume has to say."""
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
@@ -61,7 +63,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
             if row.run_id in behind:
                 tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                   judgement=row.judgement, baseline_ms=baseline_ms)
-        return study, scheduler, notes
+        return scheduler, notes
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
@@ -78,7 +80,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
                      .isoformat(timespec="seconds")})
-    return study, scheduler_factory(study, []), []
+    return scheduler_factory(study, []), []
 
 
 def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = None,
@@ -109,7 +111,7 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
+    scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
