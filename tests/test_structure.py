@@ -34,7 +34,8 @@ DEFERRED = {
                                            "`import tuner` and help(tuner.tune) do not run it",
     ("tuner.cli.app", "tuner.api.job"): "the tune job's stack: submit and the job commands do "
                                         "not run it",
-    ("tuner.cli.app", "tuner.cli.commands"): "export/ui/diagnose/spaces import the executors",
+    ("tuner.cli.app", "tuner.cli.commands"): "the small commands (export, ui, diagnose, "
+                                             "spaces, train, bench) import the executors",
     ("tuner.cli.app", "tuner.cli.service_commands"): "the service's server side",
 }
 

@@ -1,4 +1,6 @@
-"""``precision-tuner``: tune, export, ui, spaces. Exit 0 on success, 2 on bad input."""
+"""``precision-tuner``: the parser (``build_parser``; ``tune``'s from ``TuneOptions``, in
+tuner.cli.tune_parser) and the dispatch (``_run``: each command's function, named). Exit 0 on
+success, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -226,17 +228,6 @@ def _add_job_parsers(commands, tune: argparse.ArgumentParser) -> None:
     fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 
-def _service_command(args) -> int:
-    if args.command == "service":
-        from tuner.cli import service_commands
-
-        return service_commands.run(args)
-    if args.command == "submit":
-        return jobs.submit(args)
-    return {"jobs": jobs.list_jobs, "status": jobs.status, "logs": jobs.logs,
-            "stop": jobs.stop, "fetch": jobs.fetch}[args.command](args)
-
-
 def _version() -> str:
     from tuner import __version__
 
@@ -249,19 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    options = None
     try:
-        if args.command == "tune":  # the same job as tuner.tune(), on the same options
-            options = options_from(args)
-            from tuner.api.job import run_job  # the job's stack: not for the other commands
-
-            run_job(options)
-            return 0
-        if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
-            return _service_command(args)
-        from tuner.cli import commands
-
-        return getattr(commands, args.command)(args)
+        return _run(args)
     except UsageError as exc:
         print(f"precision-tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -269,8 +249,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"precision-tuner: failed: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        hint = ""
-        if options is not None:
-            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {options.run_dir}"
-        print(f"precision-tuner: interrupted{hint}", file=sys.stderr)
+        print("precision-tuner: interrupted", file=sys.stderr)
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The function of the command ``args.command`` names. Each stack is imported by the
+    command that needs it: tune's job, the service's server side, the small commands'
+    executors; submit and the job commands import none of them."""
+    if args.command == "tune":
+        return _tune(args)
+    if args.command == "service":
+        from tuner.cli import service_commands
+
+        return service_commands.run(args)
+    job_commands = {"submit": jobs.submit, "jobs": jobs.list_jobs, "status": jobs.status,
+                    "logs": jobs.logs, "stop": jobs.stop, "fetch": jobs.fetch}
+    if args.command in job_commands:
+        return job_commands[args.command](args)
+    from tuner.cli import commands
+
+    small_commands = {"export": commands.export, "ui": commands.ui, "spaces": commands.spaces,
+                      "diagnose": commands.diagnose, "train": commands.train,
+                      "bench": commands.bench}
+    return small_commands[args.command](args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """``precision-tuner tune``: the job ``tuner.tune()`` runs, on the options of the command
+    line; interrupted, it says how to resume."""
+    options = options_from(args)
+    from tuner.api.job import run_job  # the job's stack: not for the other commands
+
+    try:
+        run_job(options)
+    except KeyboardInterrupt:
+        print(f"precision-tuner: interrupted; resume with: precision-tuner tune {args.task} "
+              f"--run-dir {options.run_dir}", file=sys.stderr)
+        return 130
+    return 0
