@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 from tuner.errors import UsageError
 from tuner.judging.decision import DEFAULT_MIN_GAIN
@@ -26,7 +26,7 @@ from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.judging.sizing import DEFAULT_CAP_S
 from tuner.records.run_store import BEST_FILE
 from tuner.run.confirmation_run import DEFAULT_SECONDS as CONFIRM_SECONDS
-from tuner.run.option_checks import (gain, option_fields, positive_int, ratio, seconds,
+from tuner.run.option_checks import (Check, gain, option_fields, positive_int, ratio, seconds,
                                      workers_count)
 from tuner.search.space_files import looks_like_path
 
@@ -50,7 +50,7 @@ class Option:
 
     help: str
     group: str
-    check: Callable[[str], Any] | None = None
+    check: Check | None = None
     metavar: str | None = None
     forwarded: bool = True
     kept: bool = False
