@@ -260,7 +260,7 @@ def test_the_named_tensorflow_is_what_the_cpu_extra_installs_there(machine, syst
 def test_a_second_export_in_the_same_place_keeps_the_earlier_beside_it(tmp_path):
     """`tune` run again in the same folder: the export already there is renamed after the
     time it was written, twice in the same second included; nothing is overwritten."""
-    from tuner.api.tune_job import set_aside
+    from tuner.api.job import set_aside
 
     out = tmp_path / "best_precision.json"
     assert set_aside(out) is None   # nothing there yet

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
-from tuner.run.confirm import CHECKPOINTS, ConfirmBudget
-from tuner.run.plan import Flags, resolve
+from tuner.run.confirmation_run import CHECKPOINTS, ConfirmBudget
+from tuner.run.options import TuneOptions
+from tuner.run.plan import resolve
 from tuner.errors import UsageError
 from tuner.run.remeasure import remeasure
 
@@ -162,11 +163,12 @@ def test_the_default_length_is_capped_by_the_seconds():
 def test_confirm_flags_are_validated(tmp_path):
     task = tmp_path / "task.py"
     with pytest.raises(UsageError, match="--no-confirm skips"):
-        resolve(Flags(task_path=task, run_dir=tmp_path / "r", no_confirm=True,
-                      confirm_steps=10), None)
-    with pytest.raises(UsageError, match="--confirm-seconds must be positive"):
-        resolve(Flags(task_path=task, run_dir=tmp_path / "r", confirm_seconds=0.0), None)
-    plan = resolve(Flags(task_path=task, run_dir=tmp_path / "r", confirm_steps=300), None)
+        resolve(TuneOptions(task=task, run_dir=tmp_path / "r", no_confirm=True,
+                            confirm_steps=10), None)
+    # A value is refused by its option's check, as on the command line.
+    with pytest.raises(UsageError, match=r"--confirm-seconds: must be in \(0, 3600\] seconds"):
+        TuneOptions(task=task, run_dir=tmp_path / "r", confirm_seconds=0.0)
+    plan = resolve(TuneOptions(task=task, run_dir=tmp_path / "r", confirm_steps=300), None)
     assert plan.confirm == ConfirmBudget(steps=300)
     assert plan.settings()["confirm"]["steps"] == 300
 

@@ -223,48 +223,50 @@ def test_space_refuses_initial_scales_at_the_floor_and_auto_never_recommends_it(
 
 # -- the run plan -------------------------------------------------------------------------------
 def test_plan_is_resolved_once_and_a_resume_keeps_its_settings(tmp_path):
-    from tuner.run.plan import Flags, resolve
+    from tuner.run.options import TuneOptions
+    from tuner.run.plan import resolve
 
-    flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick")
-    plan = resolve(flags, None)
+    options = TuneOptions(task=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick")
+    plan = resolve(options, None)
     assert (plan.trials, plan.steps, plan.seed, plan.tolerance) == (6, 30, 0, 0.9)
     with pytest.raises(AttributeError):
         plan.trials = 3  # frozen
     previous = {**plan.settings(), "trials": 4, "steps": 12, "status": "running"}
-    resumed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), previous)
+    resumed = resolve(TuneOptions(task=options.task, run_dir=options.run_dir), previous)
     assert (resumed.trials, resumed.steps, resumed.resume) == (4, 12, True)
     with pytest.raises(UsageError, match="--steps 20 differs"):
-        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=20), previous)
+        resolve(TuneOptions(task=options.task, run_dir=options.run_dir, steps=20), previous)
     with pytest.raises(UsageError, match="--steps must exceed"):
-        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=6), None)
+        resolve(TuneOptions(task=options.task, run_dir=options.run_dir, steps=6), None)
     with pytest.raises(UsageError, match="cannot be combined"):
-        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, trials=3,
-                      exhaustive=True), None)
-    assert resolve(Flags(task_path=Path("t.py"), run_dir=flags.run_dir, exhaustive=True),
+        resolve(TuneOptions(task=options.task, run_dir=options.run_dir, trials=3,
+                            exhaustive=True), None)
+    assert resolve(TuneOptions(task=Path("t.py"), run_dir=options.run_dir, exhaustive=True),
                    None).trials == plan.space.size()
 
 
 def test_a_plan_without_steps_sizes_its_baseline_and_a_resume_keeps_the_sized_count(tmp_path):
-    from tuner.run.plan import Flags, resolve
+    from tuner.run.options import TuneOptions
+    from tuner.run.plan import resolve
 
-    flags = Flags(task_path=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick",
-                  trial_seconds=2.5)
-    plan = resolve(flags, None)
+    options = TuneOptions(task=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick",
+                          trial_seconds=2.5)
+    plan = resolve(options, None)
     assert plan.sizing is not None and (plan.sizing.floor, plan.sizing.cap_s) == (30, 2.5)
     assert plan.sizing.min_steps == plan.warmup_steps + 3 and plan.batch_pool == 50
-    fixed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, steps=40), None)
+    fixed = resolve(TuneOptions(task=options.task, run_dir=options.run_dir, steps=40), None)
     assert fixed.sizing is None and fixed.batch_pool == 40 and fixed.describe_steps() == "40 steps"
     # Killed before the baseline finished: the resume sizes it again, by the same rule.
     pending = {**plan.settings(), "status": "running"}
-    again = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), pending)
+    again = resolve(TuneOptions(task=options.task, run_dir=options.run_dir), pending)
     assert again.sizing == plan.sizing and again.steps == 30
     # Sized: the resume trains the sized count, on the same pool of batches.
     sized = {**plan.sized(140, "the time cap").settings(), "status": "running"}
-    resumed = resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir), sized)
+    resumed = resolve(TuneOptions(task=options.task, run_dir=options.run_dir), sized)
     assert (resumed.sizing, resumed.steps, resumed.sized_by, resumed.batch_pool) == \
         (None, 140, "the time cap", 50)
     with pytest.raises(UsageError, match="a resumed run keeps how its trials were sized"):
-        resolve(Flags(task_path=flags.task_path, run_dir=flags.run_dir, trial_seconds=3), sized)
+        resolve(TuneOptions(task=options.task, run_dir=options.run_dir, trial_seconds=3), sized)
 
 
 # -- search-phase intervals: dropping finalists that are clearly behind ---------------------------

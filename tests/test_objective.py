@@ -10,7 +10,7 @@ from tuner.judging.objective import Point, pareto_front, pick
 from tuner.judging.worth_training import needs_no_more_memory
 from tuner.judging.verdict import Verdict
 from tuner.run.by_objective import winner_of
-from tuner.run.confirm import ConfirmBudget
+from tuner.run.confirmation_run import ConfirmBudget
 
 F32 = PrecisionConfig()
 MIXED = PrecisionConfig("mixed_bfloat16")

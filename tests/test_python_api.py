@@ -1,6 +1,7 @@
 """tuner.tune from Python: the CLI's options as keyword arguments (one definition), its errors
 as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned end to end."""
 
+import dataclasses
 import inspect
 import subprocess
 import typing
@@ -12,9 +13,10 @@ import pytest
 import tuner
 from tests.conftest import ROOT
 from tuner.cli.app import build_parser
-from tuner.api.options import tune_options
 from tuner.errors import UsageError
 from tuner.judging.objective import Objective
+from tuner.run.option_checks import option_fields
+from tuner.run.options import TuneOptions
 
 
 def _cli_tune_actions():
@@ -28,12 +30,16 @@ def test_every_cli_flag_is_a_typed_keyword_of_tune_with_its_default():
     signature = inspect.signature(tuner.tune)
     assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     cli = _cli_tune_actions()
-    options = {option.name: option for option in tune_options(tuner.tune)}
+    options = {option.name: option for option in option_fields(TuneOptions)}
     assert set(options) == set(cli)
+    # tune() takes each option in the type TuneOptions holds it in; a space as a Path too, and
+    # a run directory and output that default to the run directory's own.
+    held = typing.get_type_hints(TuneOptions)
+    widened = {"space": str | Path | None, "run_dir": Path | None, "out": Path | None}
     for name, action in cli.items():
         parameter = signature.parameters[name]
         assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
-        assert parameter.annotation is not inspect.Parameter.empty
+        assert parameter.annotation == widened.get(name, held[name]), name
         assert action.option_strings == ["--" + name.replace("_", "-")]
         if name != "out":   # the CLI writes ./best_precision.json, Python the run directory's
             assert action.default == parameter.default, name
@@ -71,6 +77,25 @@ def test_unknown_and_conflicting_arguments_are_refused_in_one_line(tmp_path):
     with pytest.raises(UsageError, match="optimizer must be a function"):
         tuner.tune(build_model=lambda: None, train_data=([1.0], [1.0]), loss="mse",
                    optimizer=object(), run_dir=tmp_path / "run")
+    # TuneOptions, the job's one input, checks values (not their text) as it is built, and
+    # holds each in its type; frozen, so the job cannot write back into it.
+    options = TuneOptions(task="task.py", run_dir=str(tmp_path), objective="memory", min_gain=0,
+                          space=tmp_path / "space.yaml", workers="AUTO")
+    assert options.task == Path("task.py") and options.run_dir == tmp_path
+    assert options.objective is Objective.MEMORY and options.workers == "auto"
+    assert options.min_gain == 0.0 and isinstance(options.min_gain, float)
+    assert options.space == str(tmp_path / "space.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.trials = 3
+    for given, line in [({"trials": 0}, "argument --trials: must be at least 1, got 0"),
+                        ({"trials": 2.5}, "argument --trials: expected a positive integer, "
+                                          "got 2.5"),
+                        ({"finalists": None}, "argument --finalists: expected a positive "
+                                              "integer, got None"),
+                        ({"seed": "7"}, "argument --seed: invalid int value: '7'")]:
+        with pytest.raises(UsageError) as raised:
+            TuneOptions(task="task.py", run_dir=tmp_path, **given)
+        assert str(raised.value).startswith(line), raised.value
 
 
 def test_a_run_directory_without_a_run_is_refused(tmp_path):
@@ -288,7 +313,7 @@ def test_objective_is_importable_from_the_package_and_is_what_tune_takes():
     assert public is Objective and "Objective" in tuner.__all__ and "Objective" in dir(tuner)
     assert public("memory") is public.MEMORY
     annotated = inspect.signature(tuner.tune).parameters["objective"].annotation
-    assert typing.get_args(annotated)[0] == (public | None)   # Annotated[Objective | None, ...]
+    assert annotated == (public | None)
     code = ("import sys\nfrom tuner import Objective\n"
             "print(sorted(m for m in ('tensorflow', 'keras', 'mlflow', 'ray', 'optuna') "
             "if m in sys.modules))")

@@ -54,7 +54,7 @@ def test_a_changed_categorical_continues_in_a_new_study_with_the_trials_that_fit
     config = after.suggest(trial)          # the new choices are accepted
     assert config.loss_scale.growth_steps == 500
     successor.tell(trial, 1.0)
-    # The new study is what a later resume opens (run.json names it: tuner.run.job._open).
+    # The new study is what a later resume opens (run.json names it: tuner.run.search_run._open).
     again = create_study(run_dir, "job+space2", 0, resume=True)
     assert len(again.get_trials()) == 3 and continue_study(again, after,
                                                            study_storage(run_dir))[1] == []

@@ -326,12 +326,12 @@ def test_a_job_server_that_does_not_answer_closes_no_run(tmp_path, failure):
 
 _NICENESS_PROBE = """
 import os, threading
-from tuner.run import job
+from tuner.run import search_run
 def niceness():
     return sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir('/proc/self/task')})
 threading.Thread(target=threading.Event().wait, daemon=True).start()   # a second thread
 before = niceness()
-job._step_aside()
+search_run._step_aside()
 print(before, niceness())
 """
 

@@ -30,10 +30,12 @@ TENSORFLOW = {"tensorflow", "keras"}
 # (importer, imported): function-local imports of tuner modules that import nothing heavy,
 # each with its reason.
 DEFERRED = {
-    ("tuner.api.run", "tuner.api.tune_job"): "the tune job's stack (0.15 s of imports): the "
-                                             "CLI reads tune()'s signature, submit and the "
-                                             "job commands do not run it",
-    ("tuner.cli.app", "tuner.cli.commands"): "export/ui/diagnose/spaces import the executors",
+    ("tuner.api.tuning", "tuner.api.job"): "the tune job's stack (0.15 s of imports): "
+                                           "`import tuner` and help(tuner.tune) do not run it",
+    ("tuner.cli.app", "tuner.api.job"): "the tune job's stack: submit and the job commands do "
+                                        "not run it",
+    ("tuner.cli.app", "tuner.cli.commands"): "the small commands (export, ui, diagnose, "
+                                             "spaces, train, bench) import the executors",
     ("tuner.cli.app", "tuner.cli.service_commands"): "the service's server side",
 }
 
@@ -226,7 +228,7 @@ def test_the_submit_and_job_entrypoint_paths_import_no_heavy_package():
     entrypoint (tuner.cli.handoff) are what a user waits on: neither imports Ray, MLflow,
     Optuna, TensorFlow or the tune job (Ray's job client alone took 0.75 s of a 1.2 s
     submit; the whole package 0.2 s of each job's start)."""
-    watched = ("ray", "mlflow", "optuna", "tensorflow", "keras", "rich", "tuner.api.tune_job")
+    watched = ("ray", "mlflow", "optuna", "tensorflow", "keras", "rich", "tuner.api.job")
     for module in ("tuner.cli.app", "tuner.cli.jobs", "tuner.cli.handoff"):
         code = (f"import sys\nimport {module}\n"
                 f"print(sorted(m for m in {watched!r} if m in sys.modules))")

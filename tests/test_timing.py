@@ -91,12 +91,15 @@ def test_the_largest_kernel_is_found_in_nested_and_convolutional_models():
 
 
 def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(tmp_path):
-    from tuner.run.plan import Flags, resolve
+    from dataclasses import replace
+
+    from tuner.run.options import TuneOptions
+    from tuner.run.plan import resolve
 
     ceiling = {"device": "CPU", "size": 256, "ms": {},
                "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 0.009}}
-    flags = Flags(task_path=tmp_path / "task.py", run_dir=tmp_path / "run", space="default")
-    plan, notes = resolve(flags, None).within_ceiling(ceiling)
+    options = TuneOptions(task=tmp_path / "task.py", run_dir=tmp_path / "run", space="default")
+    plan, notes = resolve(options, None).within_ceiling(ceiling)
     assert plan.space.policies == ("float32", "mixed_bfloat16", "bfloat16")
     assert plan.skipped_policies == ("mixed_float16", "float16")
     assert notes == ["skipping mixed_float16, float16: float16 runs a dense layer's training "
@@ -105,11 +108,10 @@ def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(t
     assert plan.settings()["skipped_policies"] == ["mixed_float16", "float16"]
     # A resumed run keeps its decision, whatever the ceiling measures now.
     recorded = {**plan.settings(), "status": "running"}
-    resumed, notes = resolve(flags, recorded).within_ceiling(
+    resumed, notes = resolve(options, recorded).within_ceiling(
         {**ceiling, "speed": {"float32": 1.0, "bfloat16": 1.1, "float16": 2.0}})
     assert resumed.space.policies == plan.space.policies and notes == []
-    kept, notes = resolve(Flags(**{**flags.__dict__, "keep_slow_policies": True}),
-                          None).within_ceiling(ceiling)
+    kept, notes = resolve(replace(options, keep_slow_policies=True), None).within_ceiling(ceiling)
     assert "mixed_float16" in kept.space.policies and notes == []
 
 

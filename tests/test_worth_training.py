@@ -9,7 +9,7 @@ from tests.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
 from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.judging.worth_training import HoldKind, hold_for, needs_no_more_memory
 from tuner.run.by_objective import winner_of
-from tuner.run.confirm import ConfirmBudget
+from tuner.run.confirmation_run import ConfirmBudget
 from tuner.trial_types import TrialOutcome, TrialResult
 
 F32 = PrecisionConfig()

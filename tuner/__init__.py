@@ -30,7 +30,7 @@ _WHERE = {
     "SearchSpace": "tuner.search.space", "load_space": "tuner.search.space_files",
     "TunerError": "tuner.errors", "UsageError": "tuner.errors", "ConfigError": "tuner.errors",
     "SearchSpaceError": "tuner.errors", "TaskError": "tuner.errors",
-    "tune": "tuner.api.run", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
+    "tune": "tuner.api.tuning", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
     "load_result": "tuner.api.result", "Objective": "tuner.judging.objective",
     "PrecisionGuard": "tuner.apply.guard.callback", "GuardError": "tuner.errors",
     "GuardEvent": "tuner.apply.guard.events",

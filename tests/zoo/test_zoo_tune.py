@@ -55,16 +55,17 @@ def executor():
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     from tuner.apply.config import PrecisionConfig
-    from tuner.run.job import tune
-    from tuner.run.plan import Flags, Remeasurement, resolve
+    from tuner.run.search_run import run_search
+    from tuner.run.options import TuneOptions
+    from tuner.run.plan import Remeasurement, resolve
 
     space = tmp_path / "zoo.yaml"
     space.write_text(SPACE)
     # float_token_ids: under memory its repaired 16-bit config must be the export (it needs
     # less memory than float32), so the check below sees a 16-bit export, not float32's.
-    plan = resolve(Flags(task_path=ZOO / f"{name}.py", run_dir=tmp_path / "run",
-                         space=str(space), trials=3 if name in EXPECTED_FAILURES else None,
-                         objective="memory" if name == "float_token_ids" else None), None)
+    plan = resolve(TuneOptions(task=ZOO / f"{name}.py", run_dir=tmp_path / "run",
+                               space=str(space), trials=3 if name in EXPECTED_FAILURES else None,
+                               objective="memory" if name == "float_token_ids" else None), None)
     info = executor.probe(str(plan.task_path), plan.steps, plan.space.float32_layers)
     plan, notes = plan.fitted_to(info["float32_matches"])
     # Groups that select nothing in this model are gone from the space, each with a line.
@@ -79,7 +80,7 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     # Verdicts are the point: no trial is stopped early for being slow on this CPU.
     plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2),
                    slow_factor=1e9)
-    summary = tune(plan, executor, diagnostics=diagnostics, task_info=info)
+    summary = run_search(plan, executor, diagnostics=diagnostics, task_info=info)
 
     trials = read_trials(plan.run_dir)
     assert [t["config"]["policy"] for t in trials][:1] == ["float32"]

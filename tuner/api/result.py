@@ -13,9 +13,7 @@ from typing import Any
 
 from tuner.apply.config import PURE_POLICIES, PrecisionConfig
 from tuner.errors import UsageError
-from tuner.records.run_store import RunStore
-
-BEST_FILE = "best_precision.json"
+from tuner.records.run_store import BEST_FILE, RunStore
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``precision-tuner``, the top of the stack: the parser and dispatch (``app``, whose ``main`` is
-the console script; its ``tune`` parser is built from ``tuner.tune``'s signature), the small
+the console script; its ``tune`` parser, ``tune_parser``, is built from ``TuneOptions``), the small
 commands (``commands``: export, ui, diagnose, spaces, train), the service's job commands
 (``jobs``) and its start/stop (``service_commands``), a service job's entrypoint (``handoff``)
 and the spare drivers it runs in (``spare``), and the CLI reference page written from the

@@ -1,4 +1,6 @@
-"""``precision-tuner``: tune, export, ui, spaces. Exit 0 on success, 2 on bad input."""
+"""``precision-tuner``: the parser (``build_parser``; ``tune``'s from ``TuneOptions``, in
+tuner.cli.tune_parser) and the dispatch (``_run``: each command's function, named). Exit 0 on
+success, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -7,11 +9,10 @@ import sys
 from pathlib import Path
 
 from tuner.errors import TunerError, UsageError
-from tuner.api.arguments import count, positive_int
-from tuner.api.options import add_tune_parser
-from tuner.api.run import tune as tune_function, tune_parsed
 from tuner.cli import jobs
 from tuner.cli.jobs import FORWARDED
+from tuner.cli.tune_parser import add_tune_parser, options_from
+from tuner.run.option_checks import count, positive_int
 
 # Each command imports what it runs when it runs (tune: the whole job; service: Ray), so that
 # `precision-tuner submit` and the job commands start in a fraction of a second.
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    tune = add_tune_parser(commands, tune_function)
+    tune = add_tune_parser(commands)
     _add_other_commands(commands)
     _add_service_commands(commands, tune)
     return parser
@@ -227,17 +228,6 @@ def _add_job_parsers(commands, tune: argparse.ArgumentParser) -> None:
     fetch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
 
 
-def _service_command(args) -> int:
-    if args.command == "service":
-        from tuner.cli import service_commands
-
-        return service_commands.run(args)
-    if args.command == "submit":
-        return jobs.submit(args)
-    return {"jobs": jobs.list_jobs, "status": jobs.status, "logs": jobs.logs,
-            "stop": jobs.stop, "fetch": jobs.fetch}[args.command](args)
-
-
 def _version() -> str:
     from tuner import __version__
 
@@ -251,14 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command == "tune":  # the same entry as tuner.tune()
-            tune_parsed(args)
-            return 0
-        if args.command in ("service", "submit", "jobs", "status", "logs", "stop", "fetch"):
-            return _service_command(args)
-        from tuner.cli import commands
-
-        return getattr(commands, args.command)(args)
+        return _run(args)
     except UsageError as exc:
         print(f"precision-tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -266,8 +249,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"precision-tuner: failed: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        hint = ""
-        if getattr(args, "command", None) == "tune" and getattr(args, "run_dir", None):
-            hint = f"; resume with: precision-tuner tune {args.task} --run-dir {args.run_dir}"
-        print(f"precision-tuner: interrupted{hint}", file=sys.stderr)
+        print("precision-tuner: interrupted", file=sys.stderr)
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The function of the command ``args.command`` names. Each stack is imported by the
+    command that needs it: tune's job, the service's server side, the small commands'
+    executors; submit and the job commands import none of them."""
+    if args.command == "tune":
+        return _tune(args)
+    if args.command == "service":
+        from tuner.cli import service_commands
+
+        return service_commands.run(args)
+    job_commands = {"submit": jobs.submit, "jobs": jobs.list_jobs, "status": jobs.status,
+                    "logs": jobs.logs, "stop": jobs.stop, "fetch": jobs.fetch}
+    if args.command in job_commands:
+        return job_commands[args.command](args)
+    from tuner.cli import commands
+
+    small_commands = {"export": commands.export, "ui": commands.ui, "spaces": commands.spaces,
+                      "diagnose": commands.diagnose, "train": commands.train,
+                      "bench": commands.bench}
+    return small_commands[args.command](args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """``precision-tuner tune``: the job ``tuner.tune()`` runs, on the options of the command
+    line; interrupted, it says how to resume."""
+    options = options_from(args)
+    from tuner.api.job import run_job  # the job's stack: not for the other commands
+
+    try:
+        run_job(options)
+    except KeyboardInterrupt:
+        print(f"precision-tuner: interrupted; resume with: precision-tuner tune {args.task} "
+              f"--run-dir {options.run_dir}", file=sys.stderr)
+        return 130
+    return 0

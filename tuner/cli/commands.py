@@ -1,5 +1,5 @@
 """The small commands: export, ui, diagnose, spaces, train, bench (``tune``, the main job, is
-tuner.api.tune_job)."""
+tuner.api.job)."""
 
 from __future__ import annotations
 

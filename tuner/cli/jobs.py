@@ -20,15 +20,16 @@ from tuner.service.client import (Service, entrypoint, is_space_file, job_tune_a
 from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
 from tuner.records.mlflow_stores import TRIALS_QUERY
-from tuner.api.options import flags_from, tune_options
-from tuner.api.run import tune
+from tuner.cli.tune_parser import options_from
+from tuner.run.option_checks import option_fields
+from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
 from tuner.execution.task_shipping import data_file_of
 from tuner.run.task_file import check_task_file
 
 # tune options that a job passes on as given (the rest -- run directory, tracking, Ray address,
 # output -- are the service's business: ``Option.forwarded``).
-_FORWARDED = [option for option in tune_options(tune) if option.option.forwarded]
+_FORWARDED = [option for option in option_fields(TuneOptions) if option.option.forwarded]
 FORWARDED = tuple(option.name for option in _FORWARDED)
 
 
@@ -47,14 +48,11 @@ def forwarded_flags(args) -> list[str]:
 def check_submission(args) -> tuple[Path, Path | None]:
     """Everything ``tune`` would refuse, refused here, before anything is sent: the same
     one-line messages, exit code 2. Returns the task file and the space file (if a file)."""
-    import argparse
-
     task_path = check_task_file(args.task)
     if args.resume_job:
         return task_path, None
-    # The very flags tune would resolve (the run directory and tracking are the service's).
-    resolve(flags_from(argparse.Namespace(**{**vars(args), "run_dir": Path("."),
-                                         "tracking_uri": None}), task_path), None)
+    # The very options tune would resolve (the run directory and tracking are the service's).
+    resolve(options_from(args, run_dir=Path(".")), None)
     space_file = Path(args.space).resolve() if is_space_file(args.space) else None
     return task_path, space_file
 

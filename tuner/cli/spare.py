@@ -40,7 +40,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tuner.api.tune_job import RECORD_MODULES
+from tuner.api.job import RECORD_MODULES
 from tuner.cli.app import main as cli_main
 from tuner.service.contract import CLAIMED, OWN, READY, SPARES, STARTING, live_markers
 
@@ -55,7 +55,7 @@ def _import_libraries() -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # as tuner.records.plots renders: to files only
-    for module in (*RECORD_MODULES, "matplotlib.pyplot", "tuner.api.run", "ray"):
+    for module in (*RECORD_MODULES, "matplotlib.pyplot", "tuner.api.tuning", "ray"):
         importlib.import_module(module)
     # A process's first Optuna study (its schema made by SQLAlchemy) took 0.36 s against
     # 0.11 s for the next, and its first reopened store (the job's, staged by StagedStores)

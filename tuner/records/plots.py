@@ -137,7 +137,8 @@ def loss_scale(summary: "TuneSummary", path: Path) -> Path | None:
 
 
 def confirmation(summary: "TuneSummary", path: Path) -> Path | None:
-    """Validation loss by steps trained: float32 and each confirmed config (tuner.run.confirm)."""
+    """Validation loss by steps trained: float32 and each confirmed config
+    (tuner.run.confirmation_run)."""
     if not summary.confirmations:
         return None
     figure, axes = _figure((8, 4.5))

@@ -68,7 +68,8 @@ class TuneSummary:
     head_lines: list[str] = field(default_factory=list)  # output heads kept float32 (targets)
     # Proposals not trained and trials stopped early, one line per reason (tuner.run.held).
     search_lines: list[str] = field(default_factory=list)
-    confirmations: list[Any] = field(default_factory=list)  # tuner.run.confirm.Confirmation
+    # tuner.run.confirmation_findings.Confirmation, one per config confirmed
+    confirmations: list[Any] = field(default_factory=list)
     confirm_skipped: bool = False       # --no-confirm
 
     @property

@@ -22,6 +22,7 @@ from typing import Any
 from tuner.errors import UsageError
 
 RUN_FILE = "run.json"
+BEST_FILE = "best_precision.json"   # the exported config, written last
 TRIALS_LOG = "trials.jsonl"
 SUBMITTED_LOG = "submitted.jsonl"
 RUN_SCHEMA_VERSION = 1

@@ -57,8 +57,8 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
 
 
 def speedup_source(best: TrialRow, outcome: Remeasured) -> str:
-    """Which timings the exported speedup comes from: fresh ones (tuner.run.confirm) when the
-    pick's confirmation or speed check timed it, else the rounds it was chosen on."""
+    """Which timings the exported speedup comes from: fresh ones (tuner.run.confirmation_run)
+    when the pick's confirmation or speed check timed it, else the rounds it was chosen on."""
     checked = [c for c in outcome.confirmations if c.trial == best.number and c.passed]
     if checked and checked[-1].speed is not None:
         return (f"{checked[-1].speed.rounds} fresh stretches timed back to back after the pick "

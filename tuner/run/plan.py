@@ -1,9 +1,9 @@
 """The run plan: every setting of a tuning job, resolved once, with concrete values.
 
-Built from the user's flags, the search space and — when a run directory is resumed — the
-settings recorded in its ``run.json`` (a resumed run keeps its settings; a flag that disagrees
-is refused). The CLI builds one; so can anything else that starts a job. Frozen: nothing
-downstream fills in a default or rewrites a flag.
+Resolved from the job's options (``TuneOptions``), the search space and — when a run
+directory is resumed — the settings recorded in its ``run.json`` (a resumed run keeps its
+settings; an option that disagrees is refused). Frozen: nothing downstream fills in a default
+or rewrites an option.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.apply.config import compute_dtype_of
-from tuner.run.confirm import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
+from tuner.run.confirmation_run import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
-from tuner.run.flags import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, Flags, check_resume,
-                             space_ref)
+from tuner.run.options import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, TuneOptions,
+                               check_resume, space_ref)
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
@@ -212,68 +212,63 @@ def check_steps(steps: int, warmup_steps: int, what: str) -> None:
                          f"warm-up. Received: {what} {steps}")
 
 
-def resolve(flags: Flags, previous: dict[str, Any] | None) -> RunPlan:
+def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
     """The plan for new run (``previous`` is None) or for resuming the run ``previous``
-    describes (its run.json). Raises UsageError when the flags conflict."""
-    if flags.exhaustive and flags.trials:
+    describes (its run.json). Raises UsageError when the options conflict."""
+    if options.exhaustive and options.trials:
         raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
-                         f"with --trials {flags.trials}. Drop one of the two.")
+                         f"with --trials {options.trials}. Drop one of the two.")
     if previous is not None:
-        check_resume(previous, flags)
+        check_resume(previous, options)
         ref, recorded = previous["space"], previous
     else:
-        ref, recorded = space_ref(flags.space or "quick"), {}
+        ref, recorded = space_ref(options.space or "quick"), {}
     space = load_space(ref)
-    exhaustive = recorded.get("exhaustive", flags.exhaustive)
-    if flags.steps is not None and flags.trial_seconds is not None:
+    exhaustive = recorded.get("exhaustive", options.exhaustive)
+    if options.steps is not None and options.trial_seconds is not None:
         raise UsageError(f"--trial-seconds caps how long trials are sized; --steps fixes their "
-                         f"count instead. Received: --steps {flags.steps} --trial-seconds "
-                         f"{flags.trial_seconds:g}. Drop one of the two.")
-    steps = recorded.get("steps") or flags.steps or space.budget.steps
+                         f"count instead. Received: --steps {options.steps} --trial-seconds "
+                         f"{options.trial_seconds:g}. Drop one of the two.")
+    steps = recorded.get("steps") or options.steps or space.budget.steps
     check_steps(steps, space.budget.warmup_steps, "--steps")
     if previous is not None:
         sizing = Sizing.from_dict(recorded["sizing"]) if recorded.get("sizing") else None
         pool = recorded.get("batch_pool") or steps
-    elif flags.steps is None:
+    elif options.steps is None:
         sizing = Sizing(floor=steps, min_steps=space.budget.warmup_steps + MIN_TIMED_STEPS,
-                        cap_s=flags.trial_seconds or DEFAULT_CAP_S,
-                        tolerance=flags.tolerance or space.budget.min_loss_decrease_ratio)
+                        cap_s=options.trial_seconds or DEFAULT_CAP_S,
+                        tolerance=options.tolerance or space.budget.min_loss_decrease_ratio)
         pool = max(steps, BATCH_POOL)
     else:
         sizing, pool = None, steps
-    trials = space.size() if exhaustive else (recorded.get("trials") or flags.trials
+    trials = space.size() if exhaustive else (recorded.get("trials") or options.trials
                                               or space.trials)
     return RunPlan(
-        task_path=flags.task_path, run_dir=flags.run_dir, space=space, space_ref=ref,
-        trials=trials, steps=steps, seed=recorded.get("seed", flags.seed or 0),
-        tolerance=recorded.get("tolerance") or flags.tolerance
+        task_path=options.task.resolve(), run_dir=options.run_dir, space=space, space_ref=ref,
+        trials=trials, steps=steps, seed=recorded.get("seed", options.seed or 0),
+        tolerance=recorded.get("tolerance") or options.tolerance
         or space.budget.min_loss_decrease_ratio,
-        exhaustive=exhaustive, tracking_uri=flags.tracking_uri, resume=previous is not None,
-        finalists=flags.finalists, trial_time_limit_s=float(flags.time_limit),
-        min_gain=recorded.get("min_gain", flags.min_gain),
-        run_drift=recorded.get("run_drift", RUN_DRIFT_SD if flags.run_drift is None
-                               else flags.run_drift),
-        keep_slow_policies=flags.keep_slow_policies,
-        objective=recorded.get("objective") or flags.objective or Objective.SPEED,
-        memory_slack=recorded.get("memory_slack") or flags.memory_slack or DEFAULT_MEMORY_SLACK,
+        exhaustive=exhaustive, tracking_uri=options.tracking_uri, resume=previous is not None,
+        finalists=options.finalists, trial_time_limit_s=float(options.time_limit),
+        min_gain=recorded.get("min_gain", options.min_gain),
+        run_drift=recorded.get("run_drift", RUN_DRIFT_SD if options.run_drift is None
+                               else options.run_drift),
+        keep_slow_policies=options.keep_slow_policies,
+        objective=recorded.get("objective") or options.objective or Objective.SPEED,
+        memory_slack=recorded.get("memory_slack") or options.memory_slack
+        or DEFAULT_MEMORY_SLACK,
         skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
         sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,
-        confirm=_confirm_budget(flags, recorded.get("confirm")))
+        confirm=_confirm_budget(options, recorded.get("confirm")))
 
 
-def _confirm_budget(flags: Flags, recorded: dict[str, Any] | None) -> ConfirmBudget:
+def _confirm_budget(options: TuneOptions, recorded: dict[str, Any] | None) -> ConfirmBudget:
     """The confirmation's budget: a resumed run keeps its own."""
     if recorded:
         return ConfirmBudget(**recorded)
-    if flags.no_confirm and (flags.confirm_steps is not None
-                             or flags.confirm_seconds is not None):
+    if options.no_confirm and (options.confirm_steps is not None
+                               or options.confirm_seconds is not None):
         raise UsageError("--no-confirm skips the confirmation; --confirm-steps and "
                          "--confirm-seconds size it. Received both. Drop one of the two.")
-    if flags.confirm_steps is not None and flags.confirm_steps < 1:
-        raise UsageError(f"--confirm-steps must be a positive number of steps. Received: "
-                         f"--confirm-steps {flags.confirm_steps}")
-    if flags.confirm_seconds is not None and not flags.confirm_seconds > 0:
-        raise UsageError(f"--confirm-seconds must be positive. Received: --confirm-seconds "
-                         f"{flags.confirm_seconds:g}")
-    return ConfirmBudget(enabled=not flags.no_confirm, steps=flags.confirm_steps,
-                         seconds=flags.confirm_seconds or DEFAULT_CONFIRM_SECONDS)
+    return ConfirmBudget(enabled=not options.no_confirm, steps=options.confirm_steps,
+                         seconds=options.confirm_seconds or DEFAULT_CONFIRM_SECONDS)

@@ -18,8 +18,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
-allowance, ``plan.run_drift``), and ``tuner.run.confirm`` confirms it: its validation over a
-longer run and, on fresh runs it was not chosen on, its speed.
+allowance, ``plan.run_drift``), and ``tuner.run.confirmation_run`` confirms it: its validation
+over a longer run and, on fresh runs it was not chosen on, its speed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
-from tuner.run.confirm import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
+from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
 from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
 from tuner.errors import TunerError
 from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
@@ -132,7 +132,8 @@ class Rounds:
     def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
         """The pick, and the next ones if it fails, trained on against float32 before export."""
         def run(row: TrialRow, train_to: int, validate: bool) -> TrialResult:
-            # The confirmation trains to its own budget (tuner.run.confirm), not the trials'.
+            # The confirmation trains to its own budget (tuner.run.confirmation_run), not the
+            # trials'.
             spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
                                        validate=validate, train_to=train_to, time_bound_s=None)
             return self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),

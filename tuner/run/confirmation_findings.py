@@ -1,5 +1,6 @@
-"""What a confirmation found (tuner.run.confirm): its checkpoints, its verdict on the pick's
-validation and speed, and the lines and table the summary prints. Plain data; no TensorFlow."""
+"""What a confirmation found (tuner.run.confirmation_run runs it): its checkpoints, its verdict
+on the pick's validation and speed, and the lines and table the summary prints. Plain data; no
+TensorFlow."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The tune job, from the task check to the summary: what ``tuner.tune()`` and
-``precision-tuner tune`` both run (tuner.api.run).
+``precision-tuner tune`` both run (``run_job``), on the ``TuneOptions`` each builds.
 
-The options (``tuner.tune``'s, checked or parsed) become ``Flags`` (``flags_from``), the plan
-is resolved (tuner.run.plan), the task checked and the space fitted to the model on the
-executor, and the job runs (tuner.run.job) under the live progress bar; the summary is printed
-at the end.
+The task is checked, the plan resolved from the options (tuner.run.plan), the space fitted to
+the model on the executor, and the search runs (tuner.run.search_run) under the live progress
+bar; the summary is printed and the pick exported at the end. The options are read, never
+written: whatever the job derives from them is its own.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from tuner import job_context
+from tuner import interrupt, job_context
 from tuner.errors import UsageError
 from tuner.api.progress import live_progress
+from tuner.api.result import TuneResult
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.ray_pool import RayExecutor
@@ -29,9 +31,9 @@ from tuner.records.mlflow_stores import StagedStores, redact_uri
 from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown, describe_ceiling
-from tuner.run.job import tune
-from tuner.api.options import default_run_dir, flags_from
+from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
+from tuner.run.search_run import run_search
 from tuner.run.task_file import check_task_file, require_tensorflow
 
 
@@ -49,78 +51,89 @@ def _check_writable_dir(path: Path) -> None:
             raise OSError("not a directory")
         os.rmdir(tempfile.mkdtemp(prefix=".precision-tuner-check-", dir=existing))
     except OSError as exc:
-        raise UsageError(f"{str(path)!r} is not writable ({str(existing)!r}: {exc.strerror or exc})."
-                         " Choose another location.") from None
+        raise UsageError(f"{str(path)!r} is not writable ({str(existing)!r}: "
+                         f"{exc.strerror or exc}). Choose another location.") from None
 
 
-def run_tune(args) -> None:
+def run_job(options: TuneOptions) -> TuneResult:
+    """The job ``options`` ask for: check, fit, search, re-measure, confirm, export; the run
+    read back. Ctrl-C (or a notebook's stop) is kept until the job can act on it."""
+    with interrupt.handling():
+        _run(options)
+    return TuneResult(options.run_dir)
+
+
+def _run(options: TuneOptions) -> None:
     from rich.console import Console
 
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
-    task_path = check_task_file(args.task)
-    if not args.ray_address:  # trials run here: this environment needs TensorFlow
+    task_path = check_task_file(options.task)
+    if not options.ray_address:  # trials run here: this environment needs TensorFlow
         require_tensorflow()
-    run_dir = args.run_dir = args.run_dir or default_run_dir(task_path.stem)
-    choice = choose(args.executor, args.workers, args.ray_address,
+    run_dir, out = options.run_dir, options.out
+    choice = choose(options.executor, options.workers, options.ray_address,
                     service_job=job_context.job_id() is not None)
     store = RunStore(run_dir)
     previous = store.read_run() if store.exists else None
-    if args.resume and previous is None:
+    if options.resume and previous is None:
         raise UsageError(f"--resume: {str(run_dir)!r} holds no run to resume (no run.json). "
                          "Pass the --run-dir of an interrupted `precision-tuner tune`.")
     if previous is None and run_dir.exists() and any(run_dir.iterdir()):
         raise UsageError(f"run directory {str(run_dir)!r} is not empty and holds no "
                          "precision-tuner run. Choose a new --run-dir.")
-    plan = resolve(flags_from(args, task_path), previous)
-    _check_out(args.out)
+    plan = resolve(options, previous)
+    _check_out(out)
     _check_writable_dir(run_dir)
-    _check_writable_dir(args.out.resolve().parent)
-    _check_reachable(args)
+    _check_writable_dir(out.resolve().parent)
+    _check_reachable(options.ray_address, options.tracking_uri)
 
     budget = "every config" if plan.exhaustive else f"{plan.trials} trials"
     console.print(f"precision-tuner: tuning [bold]{task_path.name}[/] with space "
                   f"[bold]{plan.space.name}[/] ({budget}, {plan.describe_steps()})")
-    staged = StagedStores(mlflow=not args.tracking_uri) if previous is None else None
+    staged = StagedStores(mlflow=not options.tracking_uri) if previous is None else None
     try:
-        with _executor(choice, args.ray_address, console) as executor:
+        with _executor(choice, options.ray_address, console) as executor:
             clock = TimeBreakdown()
             plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
                                                          started, importing=staged is None)
             if staged is not None:  # the task is checked: the run directory may be written
                 staged.move_into(run_dir)
-            summary = _run_job(args, plan, executor, console, store, previous, clock, started,
-                               task_info, diagnostics)
+            summary = _search_with_progress(
+                plan, executor, console, resuming=previous is not None,
+                done=len(store.read_trials()), task_info=task_info, diagnostics=diagnostics,
+                clock=clock, started=started)
     finally:
         if staged is not None:
             staged.discard()
     print_summary(summary, console)
-    earlier = None if args.force else set_aside(args.out)
-    summary.best_config.save(args.out, overwrite=True)
-    console.print(f"best config written to [bold]{args.out}[/] (also in {run_dir}/)")
+    earlier = None if options.force else set_aside(out)
+    summary.best_config.save(out, overwrite=True)
+    console.print(f"best config written to [bold]{out}[/] (also in {run_dir}/)")
     if earlier is not None:
-        console.print(f"the earlier {args.out.name} is kept as {earlier}", markup=False)
+        console.print(f"the earlier {out.name} is kept as {earlier}", markup=False)
     if job_context.job_id() is not None:  # a service job: the user is on another machine
         console.print(f"fetch it: precision-tuner fetch {job_context.job_id()}; browse the "
                       "trials: precision-tuner ui --service ADDRESS", markup=False)
         return
     console.print(f"browse the trials: precision-tuner ui --run-dir {run_dir}"
-                  + ("" if not args.tracking_uri else
-                     f"  (tracking: {_redact(args.tracking_uri)})"))
+                  + ("" if not options.tracking_uri else
+                     f"  (tracking: {_redact(options.tracking_uri)})"))
 
 
-def _run_job(args, plan, executor, console, store, previous, clock, started, task_info,
-             diagnostics):
-    """Run the checked and fitted plan on ``executor``, with the progress display."""
+def _search_with_progress(plan, executor, console, *, resuming: bool, done: int,
+                          task_info: dict[str, Any], diagnostics: dict[str, Any],
+                          clock: TimeBreakdown, started: float):
+    """The search of the checked and fitted plan on ``executor`` (``done`` of its trials
+    finished by the run it resumes), with the progress display."""
     if plan.exhaustive:
         console.print(f"exhaustive: {plan.trials} distinct configs in space {plan.space.name}")
-    done = len(store.read_trials())
-    if previous is not None:
+    if resuming:
         console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
     with live_progress(console, plan.trials, done) as progress:
-        summary = tune(plan, executor, progress, task_info, started=started,
-                       diagnostics=diagnostics, clock=clock)
+        summary = run_search(plan, executor, progress, task_info, started=started,
+                             diagnostics=diagnostics, clock=clock)
     if executor.log_path is not None:
         _copy_log(executor.log_path, plan.run_dir / "worker.log")
     return summary
@@ -218,17 +231,16 @@ def _host_port(address: str, default_port: int | None) -> tuple[str, int] | None
     return (parts.hostname, port) if parts.hostname and port else None
 
 
-def _check_reachable(args) -> None:
+def _check_reachable(ray_address: str | None, tracking_uri: str | None) -> None:
     """Refuse a --ray-address or an HTTP --tracking-uri that accepts no connection, in seconds,
     before anything is started or written."""
     import socket
 
     targets = []
-    if args.ray_address and args.ray_address != "auto":
-        targets.append(("--ray-address", args.ray_address,
-                        _host_port(args.ray_address, None),
+    if ray_address and ray_address != "auto":
+        targets.append(("--ray-address", ray_address, _host_port(ray_address, None),
                         "Start the cluster (`ray start --head`) or fix the address"))
-    uri = args.tracking_uri or ""
+    uri = tracking_uri or ""
     if uri.startswith(("http://", "https://")):
         targets.append(("--tracking-uri", _redact(uri),
                         _host_port(uri, 443 if uri.startswith("https") else 80),

@@ -1,10 +1,11 @@
-"""Where a run directory is opened or resumed, and a tuning job runs from start to records.
+"""The search: a tune job's plan run from its run directory opened to its records closed.
 
-``tune(plan, executor)``: open the run directory (or resume it: finished trials are kept,
-trials that were running are failed in Optuna, their MLflow runs ended as killed, and
-re-queued), run the search (``tuner.run.trial_loop``), re-measure the finalists
-(``tuner.run.remeasure``), and close the records: best config with provenance, trials.json, plots,
-the MLflow parent run. Only this process writes the Optuna storage and MLflow.
+``run_search(plan, executor)`` (tuner.api.job runs it): open the run directory (or resume it:
+finished trials are kept, trials that were running are failed in Optuna, their MLflow runs
+ended as killed, and re-queued), run the trials (``tuner.run.trial_loop``), re-measure the
+finalists (``tuner.run.remeasure``) and confirm the pick (``tuner.run.confirmation_run``), and
+close the records: best config with provenance, trials.json, plots, the MLflow parent run. Only
+this process writes the Optuna storage and MLflow.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from tuner.records.mlflow_stores import default_tracking_uri
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
           task_info: dict[str, Any], chosen: dict | None = None
-          ) -> tuple[Any, Scheduler, list[str]]:
+          ) -> tuple[Scheduler, list[str]]:
+    """The run's study opened (or resumed, its running trials re-queued) and the scheduler
+    over it, with the lines a resume has to say."""
     task_name = plan.task_path.stem
     if plan.resume:
         record = store.read_run()
@@ -60,7 +63,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
             if row.run_id in behind:
                 tracker.log_trial(row.run_id, config=row.config, result=row.result,
                                   judgement=row.judgement, baseline_ms=baseline_ms)
-        return study, scheduler, notes
+        return scheduler, notes
     study_name = f"{task_name}-{plan.run_dir.name}"
     study = create_study(plan.run_dir, study_name, plan.seed, objective=plan.objective)
     parent_id = tracker.start_parent(
@@ -77,14 +80,14 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
                      .isoformat(timespec="seconds")})
-    return study, scheduler_factory(study, []), []
+    return scheduler_factory(study, []), []
 
 
-def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
-         task_info: dict[str, Any] | None = None, started: float | None = None,
-         diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
-         ) -> TuneSummary:
-    """Run (or resume) a whole tuning job; the caller has validated input and resolved the
+def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = None,
+               task_info: dict[str, Any] | None = None, started: float | None = None,
+               diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
+               ) -> TuneSummary:
+    """Run (or resume) the search of ``plan``; the caller has validated input and resolved the
     plan (already informed by ``diagnostics``, which are recorded here). ``started`` (a
     ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time,
     and ``clock`` the phases it timed (start-up, task check, diagnostics)."""
@@ -108,7 +111,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    _, scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
+    scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
@@ -116,7 +119,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
     if task_info.get("ceiling"):
         records.after_first_trial(tracker.log_ceiling, task_info["ceiling"])
     clock.add("opening records", time.perf_counter() - opening)
-    exhausted, outcome = _search(scheduler, executor, records, store, tracker, clock)
+    exhausted, outcome = _phases(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
     if plan.objective.uses_memory and executor.runs_here:
         with clock.phase("memory check"):
@@ -142,7 +145,7 @@ def tune(plan: RunPlan, executor: Executor, progress: Progress | None = None,
     return summary
 
 
-def _search(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,
+def _phases(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,
             clock: TimeBreakdown):
     """The trials, the re-measurement and the confirmation: ``(space exhausted, outcome)``;
     then a service job's driver steps aside (``_step_aside``). On Ctrl-C or an error, what

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tuner.judging.decision import DEFAULT_MIN_GAIN, decide
-from tuner.run.confirmation import Checkpoint, Confirmation
+from tuner.run.confirmation_findings import Checkpoint, Confirmation
 from tuner.judging.noise import (PooledNoise, SpeedupEstimate, round_log_ratios,
                                  speedup_from_log_ratios)
 from tuner.trial_types import TrialOutcome, TrialResult
