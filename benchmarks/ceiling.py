@@ -10,7 +10,7 @@ step in float32, bfloat16 and float16 in turns (a 256-wide layer on a batch of 6
 the skip rule reads, and a 1024-wide layer on a batch of 1024, the peak). The figure kept per
 dtype is the median over the runs, each run's shown. Results go to
 ``benchmarks/results/ceiling_NAME.json``; the hardware page (docs/concepts/hardware.md) shows
-``--table``'s rendering of every such file (tests/test_benchmark_results.py checks that they
+``--table``'s rendering of every such file (tests/judging/test_benchmark_results.py checks that they
 agree). Run it on an idle machine: the figures are ratios of timings.
 """
 

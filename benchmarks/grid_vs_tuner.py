@@ -338,7 +338,7 @@ def write_doc() -> None:
 
 
 def render_doc() -> str:
-    """The text of docs/BENCHMARKS.md (tests/test_benchmark_results.py compares the page)."""
+    """The text of docs/BENCHMARKS.md (tests/judging/test_benchmark_results.py compares the page)."""
     lines = [
         "# Benchmarks",
         "",

@@ -11,7 +11,7 @@ Each plot shows ratios with their intervals, as every speed claim here is made:
 - ``guard_overhead.png``: the precision guard's step-time ratio per ABBA round, with the median
   and its interval.
 
-tests/test_docs.py draws them again from the results files and compares them with the
+tests/project/test_docs.py draws them again from the results files and compares them with the
 committed images, so a figure on the site is always its results file's.
 """
 

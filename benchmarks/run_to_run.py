@@ -16,7 +16,7 @@ their own intervals already explain), and how many exported intervals hold the A
 as they were exported (this run's rounds, and the allowance they were exported with) and
 with the rounds alone. Each invocation adds a session to the results file; the recommended
 allowance is the largest session's between-run sd (``with_recommendation``), which is what
-``RUN_DRIFT_SD`` must be (tests/test_benchmark_results.py).
+``RUN_DRIFT_SD`` must be (tests/judging/test_benchmark_results.py).
 
     python benchmarks/run_to_run.py [TASK.py] [--tunes 6] [--space quick] [--ab-steps 100]
 

@@ -10,7 +10,7 @@ directory for each, and stops it.
     python benchmarks/service_timing.py --table    # the service page's table (docs/how-to/service.md), from the results
 
 Results go to benchmarks/results/service_timing.json; the service page's table (docs/how-to/service.md) is ``--table``'s
-output (tests/test_benchmark_results.py checks that they agree).
+output (tests/judging/test_benchmark_results.py checks that they agree).
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def _settle(service_dir: Path, wait_s: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("task", nargs="?", default=str(ROOT / "tests/tasks/tiny_mlp.py"))
+    parser.add_argument("task", nargs="?", default=str(ROOT / "tests/fixtures/tasks/tiny_mlp.py"))
     parser.add_argument("--trials", default="4")
     parser.add_argument("--steps", default="20")
     parser.add_argument("--table", action="store_true",

@@ -1,5 +1,5 @@
 """Apply an exported config to a training: the digits MLP under the config, with the precision
-guard, as the README's apply block does it (tests/test_docs.py runs this file).
+guard, as the README's apply block does it (tests/project/test_docs.py runs this file).
 
 Run it:  python examples/apply_config.py [CONFIG]   (default: runs/best_precision.json from
 `make demo`, else mixed_bfloat16). It trains the digits MLP for two epochs under the config

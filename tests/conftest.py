@@ -13,7 +13,7 @@ if "PRECISION_TUNER_CACHE_DIR" not in os.environ:
 
     os.environ["PRECISION_TUNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="precision-tuner-cache-")
 
-TASKS = Path(__file__).parent / "tasks"
+TASKS = Path(__file__).parent / "fixtures" / "tasks"
 ROOT = Path(__file__).parent.parent
 
 

@@ -28,10 +28,10 @@ pytestmark = pytest.mark.slow
 # each: over 8 s in all), so the stop lands in the search however fast the rest of the job has
 # become. With the default space this task has two configs, and the job could end between a
 # trial and the stop.
-STOPPABLE = ("--space", str(ROOT / "tests" / "spaces" / "six_alike.yaml"), "--trials", "6",
+STOPPABLE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"), "--trials", "6",
              "--steps", "20", "--finalists", "1")
 # The side-by-side jobs: four trials of six configs that cost what float32 costs.
-SIDE_BY_SIDE = ("--space", str(ROOT / "tests" / "spaces" / "six_alike.yaml"), "--trials", "4",
+SIDE_BY_SIDE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"), "--trials", "4",
                 "--steps", "10")
 
 
@@ -331,7 +331,7 @@ def test_a_warm_worker_that_crashed_is_replaced(service, side_by_side, tmp_path)
     task = tmp_path / "crash_bf16.py"
     task.write_text(CRASH_UNDER_BF16)
     done = service.run("submit", str(task), "--space",
-                       str(ROOT / "tests" / "faults" / "space.yaml"), "--keep-slow-policies")
+                       str(ROOT / "tests" / "suites" / "faults" / "space.yaml"), "--keep-slow-policies")
     assert done.returncode == 0, done.stderr
     job = done.stdout.strip().splitlines()[-1]
     assert service.wait(job) == "SUCCEEDED", service.client().get_job_logs(job)[-3000:]
@@ -442,7 +442,7 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
 
 
 def test_the_service_ui_shows_both_jobs_trials_side_by_side(service, side_by_side):
-    from tests.test_ui_browser import (_close_side_panel, _require_browser, _screenshot,
+    from tests.e2e.test_ui_browser import (_close_side_panel, _require_browser, _screenshot,
                                        _wait_for_text)
 
     _require_browser()
@@ -490,7 +490,7 @@ def _browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service as Driver
 
-    from tests.test_ui_browser import CHROME_FLAGS, _require_browser
+    from tests.e2e.test_ui_browser import CHROME_FLAGS, _require_browser
 
     chromium, chromedriver = _require_browser()
     options = webdriver.ChromeOptions()

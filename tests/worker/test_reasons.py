@@ -10,7 +10,7 @@ from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.failures import classify, layer_for_node, read_error
 from tuner.worker.trial import run_trial
 
-ZOO = Path(__file__).parent.parent / "zoo"
+ZOO = Path(__file__).parent.parent / "suites" / "zoo"
 FLOAT_IDS = str(ZOO / "float_token_ids.py")
 
 

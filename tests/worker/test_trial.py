@@ -120,7 +120,7 @@ def test_probe_describes_the_task_and_refuses_bad_ones(task_path):
 
 
 # -- trials run what fit runs ---------------------------------------------------------------------
-ZOO = Path(__file__).parent.parent / "zoo"
+ZOO = Path(__file__).parent.parent / "suites" / "zoo"
 
 
 def test_batches_keep_the_structure_of_the_data(tmp_path):

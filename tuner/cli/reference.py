@@ -1,7 +1,7 @@
 """The CLI reference page, written from the argparse parser itself (``build_parser``): every
 command, subcommand and flag with its choices, default and help, so that the documentation
 site's page can never drift from what ``precision-tuner`` accepts. The site's build hook
-(``docs/hooks.py``) puts it on ``reference/cli.md``; tests/test_docs.py checks it there.
+(``docs/hooks.py``) puts it on ``reference/cli.md``; tests/project/test_docs.py checks it there.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ SIXTEEN_BIT = ("bfloat16", "float16")
 # feature binned coarsely rather than jittered. Well-scaled activations sit two orders of
 # magnitude below it (bfloat16 rounds a value by at most 2^-8 of itself), so only a feature
 # whose magnitude is about 45-90x its spread in bfloat16 (350-700x in float16) crosses it.
-# Measured: the nearest miss in examples/ and tests/zoo/ is a pooled conv feature in
+# Measured: the nearest miss in examples/ and tests/suites/zoo/ is a pooled conv feature in
 # examples/audio_cnn.py (0.44..0.52, spread 0.019) at 0.04 in bfloat16.
 ERASING_NOISE = 0.1
 # The largest rounding error relative to the value (half a step): where the feature's largest

@@ -28,7 +28,7 @@ loss scale where one was tuned: tuner.apply.compiling) is refused before its fir
 
 A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
 batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
-history is the same bit for bit (tests/guard/test_guard.py).
+history is the same bit for bit (tests/apply/guard/test_guard.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""The layering the design promises, read from the source (AST), not from a hand-kept list.
+
+- Subpackages by role, in one order: a module imports only from its own layer or the layers
+  below it (``LAYERS``). Core modules (``tuner/*.py``) are the bottom; the package's own
+  ``__init__`` (the public API) and ``__main__`` the top.
+- Only ``tuner.apply`` and ``tuner.worker`` import TensorFlow or Keras (the driver never does).
+- No cycles among the modules' top-level imports, and no function-local import of a tuner
+  module except to defer a heavy third-party import (TensorFlow, Keras, Ray, MLflow, Optuna,
+  matplotlib, rich, ...), or where ``DEFERRED`` says why (a command's whole stack, which the
+  other commands need not import).
+- No module over 300 lines and no function over 60 without a reason at the module's top
+  (a line of its docstring containing "Past 300 lines" or "Past 60 lines").
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
+LAYERS = ["core", "apply", "judging", "search", "records", "worker", "execution", "run",
+          "service", "api", "cli", "public"]   # public: the package's own __init__ and __main__
+HEAVY = {"tensorflow", "keras", "ray", "mlflow", "optuna", "matplotlib", "rich", "numpy",
+         "selenium", "pandas"}
+TENSORFLOW = {"tensorflow", "keras"}
+# (importer, imported): function-local imports of tuner modules that import nothing heavy,
+# each with its reason.
+DEFERRED = {
+    ("tuner.api.tuning", "tuner.api.job"): "the tune job's stack (0.15 s of imports): "
+                                           "`import tuner` and help(tuner.tune) do not run it",
+    ("tuner.cli.app", "tuner.api.job"): "the tune job's stack: submit and the job commands do "
+                                        "not run it",
+    ("tuner.cli.app", "tuner.cli.commands"): "the small commands (export, ui, diagnose, "
+                                             "spaces, train, bench) import the executors",
+    ("tuner.cli.app", "tuner.cli.service_commands"): "the service's server side",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> str:
+    if module in ("tuner", "tuner.__main__"):
+        return "public"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "core"
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at top level?, line) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        # Imports under `if TYPE_CHECKING:` are for annotations: never executed.
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            node.body = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            submodules = [f"{node.module}.{alias.name}" for alias in node.names
+                          if f"{node.module}.{alias.name}" in MODULES]
+            # `from package import submodule` imports the submodule (and runs the package's
+            # __init__, which must then not import back: checked as its own module).
+            names = submodules if len(submodules) == len(node.names) else \
+                [node.module] + submodules
+        for name in names:
+            found.append((name, id(node) in top, node.lineno))
+    return found
+
+
+def _internal(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_imports_point_one_way():
+    wrong = []
+    for module, path in MODULES.items():
+        mine = LAYERS.index(_layer(module))
+        for name, _, line in _imports(path):
+            target = _internal(name) if name.startswith("tuner") else None
+            if target and target != "tuner" and LAYERS.index(_layer(target)) > mine:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({_layer(module)}) "
+                             f"imports {target} ({_layer(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_apply_and_worker_import_tensorflow_or_keras():
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for module, path in MODULES.items() if _layer(module) not in ("apply", "worker")
+             for name, _, line in _imports(path) if name.split(".")[0] in TENSORFLOW]
+    assert not wrong, "\n".join(wrong)
+
+
+def _top_level_graph() -> dict[str, set[str]]:
+    graph = {}
+    for module, path in MODULES.items():
+        graph[module] = {target for name, top, _ in _imports(path) if top and
+                         name.startswith("tuner") and (target := _internal(name))
+                         and target not in (module, "tuner")}
+    return graph
+
+
+def test_no_import_cycles():
+    graph, state, cycles = _top_level_graph(), {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for target in graph.get(node, ()):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[node] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(cycles)
+
+
+def _heavy_at_import(module: str, seen: set[str] | None = None) -> bool:
+    """Does importing ``module`` import a heavy third-party package (transitively)?"""
+    seen = seen if seen is not None else set()
+    if module in seen or module not in MODULES:
+        return False
+    seen.add(module)
+    for name, top, _ in _imports(MODULES[module]):
+        if not top:
+            continue
+        if name.split(".")[0] in HEAVY:
+            return True
+        target = _internal(name) if name.startswith("tuner") else None
+        if target and _heavy_at_import(target, seen):
+            return True
+    return False
+
+
+def test_function_local_imports_of_tuner_modules_only_defer_heavy_packages():
+    """A function-local ``from tuner.x import y`` is allowed only where importing ``tuner.x``
+    at the top would import a heavy package (so ``--help`` and config validation stay instant),
+    never to get around a cycle."""
+    wrong = []
+    for module, path in MODULES.items():
+        for name, top, line in _imports(path):
+            target = _internal(name) if name.startswith("tuner") else None
+            if not top and target and target != "tuner" and not _heavy_at_import(target) \
+                    and (module, target) not in DEFERRED:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} "
+                             "inside a function, though it imports nothing heavy: import it "
+                             "at the top")
+    assert not wrong, "\n".join(wrong)
+
+
+MAX_LINES = 400   # a module past it is split, whatever its docstring says
+
+
+def _reason(path: Path, what: str) -> bool:
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return what in docstring
+
+
+def test_modules_and_functions_stay_small_or_say_why():
+    wrong = []
+    for module, path in MODULES.items():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines, over the "
+                         f"{MAX_LINES}-line limit that no reason lifts: split it along a role")
+        elif lines > 300 and not _reason(path, "Past 300 lines"):
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60 and not _reason(path, "Past 60 lines"):
+                    wrong.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
+                                 f"{node.name}: {length} lines")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_subpackage_says_what_it_owns():
+    for layer in LAYERS[1:-1]:
+        docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
+        assert docstring and len(docstring) > 100, layer
+
+
+def test_the_driver_imports_no_tensorflow_or_keras():
+    """Importing every module outside apply/ and worker/ (the driver's whole code) leaves
+    TensorFlow and Keras unloaded."""
+    driver = [m for m in MODULES if _layer(m) not in ("apply", "worker") and m != "tuner.__main__"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(driver))
+            + "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
+
+
+def test_the_public_config_import_stays_light():
+    code = ("import sys\nfrom tuner import PrecisionConfig\n"
+            "print(sorted(m for m in ('tensorflow', 'keras', 'mlflow', 'ray', 'optuna') "
+            "if m in sys.modules))")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
+
+
+def test_the_submit_and_job_entrypoint_paths_import_no_heavy_package():
+    """``precision-tuner submit`` (the parser and the job commands) and a service job's
+    entrypoint (tuner.cli.handoff) are what a user waits on: neither imports Ray, MLflow,
+    Optuna, TensorFlow or the tune job (Ray's job client alone took 0.75 s of a 1.2 s
+    submit; the whole package 0.2 s of each job's start)."""
+    watched = ("ray", "mlflow", "optuna", "tensorflow", "keras", "rich", "tuner.api.job")
+    for module in ("tuner.cli.app", "tuner.cli.jobs", "tuner.cli.handoff"):
+        code = (f"import sys\nimport {module}\n"
+                f"print(sorted(m for m in {watched!r} if m in sys.modules))")
+        completed = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                   text=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.strip() == "[]", module
+    code = "import sys\nimport tuner.cli.handoff\nprint('tuner.cli.app' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.stdout.strip() == "False"
+
+
+def test_the_400_line_limit_holds_for_a_module_with_a_reason(monkeypatch, tmp_path):
+    """The hard limit is not lifted by a "Past 300 lines" reason."""
+    big = tmp_path / "big.py"
+    big.write_text('"""Past 300 lines: a reason."""\n' + "x = 1\n" * MAX_LINES)
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "MODULES", {"tuner.big": big})
+    monkeypatch.setattr(here, "PACKAGE", tmp_path / "tuner")
+    with pytest.raises(AssertionError, match="over the 400-line limit"):
+        test_modules_and_functions_stay_small_or_say_why()
