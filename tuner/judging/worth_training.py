@@ -21,7 +21,7 @@ much as a hundred float32 baselines. Before a proposal is trained the scheduler 
 
 Under ``speed`` and ``balanced`` a config's step time decides, and nothing tells it before the
 trial starts; there the worker's early stop ends a trial as soon as it is clearly slower than
-the bar (``tuner.worker.steps``), and policies the ceiling says cannot win are left out of the
+the bar (``tuner.judging.early_stop``), and policies the ceiling says cannot win are left out of the
 space (``tuner.run.plan.RunPlan.within_ceiling``). ``--keep-slow-policies`` trains them all.
 Pure Python: plain configs and numbers in.
 """

@@ -2,33 +2,19 @@
 
 ``fit_steps`` trains a number of steps with ``model.fit`` on the batches in order (cycled);
 ``step_recorder`` is the callback that times each step and records its loss, loss scale and
-skipped update, and stops a run early when it is clearly too slow (``too_slow_reason``) or,
-for a sized run, once ``tuner.judging.sizing.enough`` says so. Used by a trial
-(tuner.worker.trial) and by a live model's later runs (tuner.worker.live).
+skipped update, and stops a run where the early stop says so (tuner.judging.early_stop: a
+non-finite loss, clearly too slow, a sized run measured enough, a time bound reached). Used by
+a trial (tuner.worker.trial) and by a live model's later runs (tuner.worker.live).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 
 from tuner.errors import TaskError
-from tuner.judging.sizing import Sizing, enough
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-
-# Early stopping (see too_slow_reason): warm-up steps never count; after warm-up, a trial is
-# stopped when its last _HOPELESS_STEPS steps were all over _HOPELESS_FACTOR x the limit (float16
-# on a CPU without it runs 10-100x slower) and so was its median timed step, or when, over at
-# least _MIN_TIMED_STEPS_FOR_STOP (or half the timed budget), even its lower quartile is
-# _CLEAR_MARGIN beyond the limit. One hiccup cannot do either, nor can a stall of a few steps in
-# a run that was fast before it (the machine busy for a moment); a near-miss runs to the end and
-# is judged like any other trial.
-_HOPELESS_FACTOR = 3.0
-_HOPELESS_STEPS = 3
-_MIN_TIMED_STEPS_FOR_STOP = 6
-_CLEAR_MARGIN = 1.1
-
+from tuner.judging.early_stop import should_stop
+from tuner.judging.sizing import Sizing
+from tuner.trial_types import TrialResult, TrialSpec
 
 def fit_steps(model, batches, steps: int, callbacks=()) -> None:
     """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
@@ -130,7 +116,7 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
             else:
                 result.train_s += elapsed_ms / 1000.0
             _record_scales(result, watched, self.iterations, step)
-            if _should_stop(result, spec, sizing, step, loss, elapsed_ms):
+            if should_stop(result, spec, sizing, step, loss, elapsed_ms):
                 self.model.stop_training = True
 
     return StepRecorder()
@@ -184,60 +170,3 @@ def step_losses(logs: dict, result: TrialResult) -> float:
         for name, value in values.items():
             result.loss_terms.setdefault(name, []).append(value)
     return loss
-
-
-def _should_stop(result: TrialResult, spec: TrialSpec, sizing: Sizing | None, step: int,
-                 loss: float, elapsed_ms: float) -> bool:
-    """After a recorded step: stop on a non-finite loss, when clearly too slow, once a sized
-    run has measured enough, or once a time-bounded run has trained its time (each says so in
-    ``result``)."""
-    if not math.isfinite(loss):
-        result.first_non_finite_step = step
-        result.outcome = TrialOutcome.DIVERGED
-        return True
-    reason = too_slow_reason(result, spec, step, elapsed_ms)
-    if reason:
-        result.outcome = TrialOutcome.STOPPED_SLOW
-        result.stop_reason = reason
-        return True
-    if sizing is not None:
-        result.sized_by = enough(result.losses, result.step_times_ms, spec.warmup_steps,
-                                 sizing)
-        return bool(result.sized_by)
-    return time_bound_reached(result, spec)
-
-
-def time_bound_reached(result: TrialResult, spec: TrialSpec) -> bool:
-    """Whether a time-bounded run has trained its time (and its fewest steps) before its step
-    count: then ``result`` says so (``time_bounded_s``) and the run stops."""
-    if spec.time_bound_s is None or result.train_s < spec.time_bound_s \
-            or not spec.time_bound_min_steps <= len(result.losses) < spec.steps:
-        return False
-    result.time_bounded_s = spec.time_bound_s
-    return True
-
-
-def too_slow_reason(result: TrialResult, spec: TrialSpec, step: int, elapsed_ms: float) -> str:
-    """Why to stop this trial now as clearly slower than the best one so far ("" to go on)."""
-    limit = spec.stop_if_slower_than_ms
-    timed = result.timed_steps_ms  # empty during warm-up: tracing and first steps never count
-    if limit is None or not timed:
-        return ""
-    recent = timed[-_HOPELESS_STEPS:]
-    hopeless = _HOPELESS_FACTOR * limit
-    if len(recent) == _HOPELESS_STEPS and min(recent) > hopeless:
-        median = statistics.median(timed)   # over it too: slow throughout, not a stall
-        if median > hopeless:
-            return (f"stopped at step {step}: the last {_HOPELESS_STEPS} steps all took over "
-                    f"{_HOPELESS_FACTOR:g}x the limit of {limit:.1f} ms (fastest "
-                    f"{min(recent):.1f} ms), and so did its median timed step "
-                    f"({median:.1f} ms)")
-    needed = max(_MIN_TIMED_STEPS_FOR_STOP, (spec.steps - spec.warmup_steps) // 2)
-    if len(timed) < needed:
-        return ""
-    quartile = sorted(timed)[len(timed) // 4]
-    if quartile > _CLEAR_MARGIN * limit:
-        return (f"stopped after {step + 1} steps: even the fastest quarter of its steps took "
-                f"over {quartile:.1f} ms, beyond the early-stop limit of {limit:.1f} ms "
-                f"(+{_CLEAR_MARGIN - 1:.0%} margin; median {statistics.median(timed):.1f} ms)")
-    return ""
