@@ -16,9 +16,10 @@ small spread, see tuner.worker.continuous_inputs), and output layers whose targe
 output cannot produce (``output_heads``, see tuner.worker.output_targets) are candidates ahead
 of all others. Features float16 rounds to zero that the float32 model cannot use either are
 recorded apart (``negligible_inputs``) and name no candidate.
-Plain data out (``diagnose_task`` returns a dict). The statistics and what they conclude are
-tuner.worker.layer_ranges'; each step is traced by tuner.apply.instruments.traced_step, or, for
-a model the task compiles itself, read from its own ``train_step`` (tuner.worker.diagnose_steps).
+Plain data out (``diagnose_task`` returns a dict). The statistics are tuner.worker.layer_ranges',
+what they conclude tuner.judging.layer_risk's; each step is traced by
+tuner.apply.instruments.traced_step, or, for a model the task compiles itself, read from its own
+``train_step`` (tuner.worker.diagnose_steps).
 """
 
 from __future__ import annotations
@@ -27,14 +28,10 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.diagnose_steps import diagnose_by_steps
-from tuner.worker.layer_ranges import (FLOAT16_MAX, diagnostics_from, recommend_loss_scale,
-                                       record_step, tensor_stats, unavailable)
+from tuner.worker.layer_ranges import diagnostics_from, record_step, unavailable
 from tuner.worker.layer_watch import LayerWatch, forward_findings
 from tuner.worker.task_model import has_forward_pass
 from tuner.worker.trial import reset_keras_state
-
-__all__ = ["FLOAT16_MAX", "diagnose_model", "diagnose_task", "diagnostics_or_why",
-           "recommend_loss_scale", "tensor_stats"]   # the ranges' own, named here too
 
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:

@@ -6,29 +6,22 @@ float16 (flush to zero below 2^-24, or lose precision as subnormals below 2^-14)
 mean relative rounding error; and a histogram of binary exponents, from which the share float16
 flushes at any loss scale is read (tuner.judging.underflow). ``record_step`` merges one
 instrumented step's tensors into per-layer records; ``diagnostics_from`` ranks the layers at
-risk (``risk_score``) into float32 placement candidates, after the layers the input and target
-checks name, and recommends an initial loss scale (``recommend_loss_scale``); ``unavailable``
-is the same shape where no step could be traced. The steps themselves are
+risk into float32 placement candidates, after the layers the input and target checks name,
+and recommends an initial loss scale (both by tuner.judging.layer_risk's rules);
+``unavailable`` is the same shape where no step could be traced. The steps themselves are
 tuner.worker.diagnose's (a compiled loss) and tuner.worker.diagnose_steps' (a task's own
 ``train_step``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from tuner.judging.underflow import flushed_fraction
-
-FLOAT16_MAX = 65504.0
-FLOAT16_MIN_NORMAL = 2.0**-14
-FLOAT16_MIN_SUBNORMAL = 2.0**-24
-_LOSS_SCALE_HEADROOM = 2.0**15   # keep the scaled largest gradient below half of float16's max
-_MAX_LOSS_SCALE_EXPONENT = 24
-_MIN_CANDIDATE_RISK = 0.05  # e.g. 5% of activations flushing to zero, or any overflow
-
+from tuner.judging.layer_risk import (FLOAT16_MAX, FLOAT16_MIN_NORMAL, FLOAT16_MIN_SUBNORMAL,
+                                      add_flushed_shares, float32_candidates,
+                                      recommend_loss_scale, risk_score)
 
 def tensor_stats(values) -> dict[str, float]:
     """Range statistics of one tensor, as plain floats."""
@@ -77,47 +70,6 @@ def _merge(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, flo
     return merged
 
 
-def risk_score(layer: dict[str, Any]) -> float:
-    """How much a layer stands to lose in float16: overflow weighs most, then underflow."""
-    act, grad = layer.get("activation") or {}, layer.get("gradient") or {}
-    score = 10.0 * (act.get("overflow_fraction", 0) + grad.get("overflow_fraction", 0))
-    score += 5.0 * act.get("non_finite_fraction", 0)
-    if act.get("abs_max", 0) > FLOAT16_MAX / 4:
-        score += 1.0  # near the edge: one more doubling overflows
-    score += act.get("underflow_fraction", 0) + 0.5 * act.get("subnormal_fraction", 0)
-    return score
-
-
-def recommend_loss_scale(gradient_abs_max: float, gradient_p01: float) -> dict[str, float]:
-    """The largest power of two that keeps the largest gradient below half of float16's max,
-    and how many of the small gradients it lifts out of float16's subnormal range."""
-    if gradient_abs_max <= 0:
-        return {"initial_scale": 2.0**15, "exponent": 15, "lifts_p01_to_normal": False}
-    exponent = math.floor(math.log2(_LOSS_SCALE_HEADROOM / gradient_abs_max))
-    exponent = max(0, min(_MAX_LOSS_SCALE_EXPONENT, exponent))
-    scale = 2.0**exponent
-    return {"initial_scale": scale, "exponent": exponent,
-            "lifts_p01_to_normal": bool(gradient_p01 * scale >= FLOAT16_MIN_NORMAL)}
-
-
-def _candidates(layers: list[dict[str, Any]], rounded_inputs: list[str]) -> list[str]:
-    """The float32 placement candidates: layers whose inputs 16-bit rounding corrupts silently
-    (integers taken as floats, continuous features it cannot resolve) first, then the riskiest."""
-    ranked = sorted((layer for layer in layers if layer["risk"] >= _MIN_CANDIDATE_RISK),
-                    key=lambda layer: layer["risk"], reverse=True)
-    candidates = list(dict.fromkeys(rounded_inputs))
-    return candidates + [layer["layer"] for layer in ranked if layer["layer"] not in candidates]
-
-
-def _add_flushed_shares(layers: list[dict[str, Any]], recommended: float) -> None:
-    """Each layer's share of weight gradients float16 flushes, at scale 1 and ``recommended``."""
-    for layer in layers:
-        if layer["weight_gradient"]:
-            layer["weight_gradient_flushed"] = {
-                "at_1": flushed_fraction(layer["weight_gradient"], 1.0),
-                "at_recommended": flushed_fraction(layer["weight_gradient"], recommended)}
-
-
 def record_step(records: dict[str, dict[str, Any]], order: list[str], captured: list,
                 activation_grads: list, weights: list, weight_grads: list) -> None:
     """Merge one step's activations, their gradients and the weight gradients into
@@ -147,9 +99,9 @@ def diagnostics_from(task, steps: int, layers: list[dict[str, Any]],
     grads = [layer["weight_gradient"] for layer in layers if layer["weight_gradient"]]
     grad_max = max((g["abs_max"] for g in grads), default=0.0)
     grad_p01 = min((g["p01_nonzero"] for g in grads if g["p01_nonzero"] > 0), default=0.0)
-    candidates = _candidates(layers, _rounded_and_heads(found))
+    candidates = float32_candidates(layers, _rounded_and_heads(found))
     loss_scale = recommend_loss_scale(grad_max, grad_p01)
-    _add_flushed_shares(layers, loss_scale["initial_scale"])
+    add_flushed_shares(layers, loss_scale["initial_scale"])
     return {"task": str(task.path), "steps": steps, "layers": layers,
             "candidates": candidates, **found, "loss_scale": loss_scale,
             "gradient_abs_max": grad_max, "gradient_p01_nonzero": grad_p01}
@@ -163,7 +115,7 @@ def unavailable(task, steps: int, why: str,
     findings = {"integer_inputs": [], "continuous_inputs": [], "negligible_inputs": [],
                 "output_heads": [], **(findings or {})}
     return {"task": str(task.path), "steps": steps, "layers": [],
-            "candidates": _candidates([], _rounded_and_heads(findings)), **findings,
+            "candidates": float32_candidates([], _rounded_and_heads(findings)), **findings,
             "loss_scale": recommend_loss_scale(0.0, 0.0),
             "gradient_abs_max": 0.0, "gradient_p01_nonzero": 0.0, "unavailable": why}
 

@@ -29,7 +29,7 @@ import numpy as np
 from tuner.worker.continuous_inputs import ERASING_NOISE, SIXTEEN_BIT, rounding_noise, step_at
 
 FLOAT16_MAX = 65504.0
-HEAD_HEADROOM = 4.0   # as tuner.worker.diagnose's risk score: two doublings from overflow
+HEAD_HEADROOM = 4.0   # as tuner.judging.layer_risk's score: two doublings from overflow
 _MAX_VALUES = 65536   # per output, over all the diagnostics steps
 
 
