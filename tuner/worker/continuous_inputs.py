@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tuner.records.diagnostics_report import severity, step_text, values_text
+from tuner.judging.erasure import severity, step_text, values_text
 
 SIXTEEN_BIT = ("bfloat16", "float16")
 # A feature is erased in a dtype when the cast adds RMS noise above this share of its standard
