@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from tuner.apply.config import PrecisionConfig
-from tuner.apply.guard.report import ARTIFACT, EVENTS_TAG, guard_record
+from tuner.apply.guard.mlflow_record import ARTIFACT, EVENTS_TAG, guard_record
 from tuner.process_lines import DONE, EPOCH, read_line
 from tuner.errors import TaskError, UsageError
 from tuner.judging.learning import LEVEL_ALLOWANCE

@@ -6,7 +6,7 @@ task's ``val_data()`` (without one, on the last 20% of NumPy training data, whic
 not train on; without labels either, it does not validate: the training loss is compared),
 keeps the data's sample weights, and
 writes one line per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``: the
-history, the guard's events and the amended config) on stdout (tuner.apply.guard.report).
+history, the guard's events and the amended config) on stdout (tuner.apply.guard.mlflow_record).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from tuner.apply.config import PrecisionConfig
-from tuner.apply.guard.report import guard_record
+from tuner.apply.guard.mlflow_record import guard_record
 from tuner.process_lines import DONE, EPOCH, line
 from tuner.worker.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
 from tuner.worker.task_model import compile_for_trial
