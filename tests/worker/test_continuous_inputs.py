@@ -170,7 +170,7 @@ def _normalized_longitudes(cfg) -> int:
 
     from tuner.apply.layers import hook_layer_calls
     from tuner.worker.task_loader import load_task
-    from tuner.worker.trial import reset_keras_state
+    from tuner.worker.keras_state import reset_keras_state
 
     reset_keras_state(0)
     task = load_task(GEO)

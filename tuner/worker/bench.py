@@ -21,13 +21,11 @@ from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.failures import classify_on
+from tuner.worker.keras_state import reset_keras_state
 from tuner.worker.startup import import_frameworks
 from tuner.worker.steps import fit_steps, step_recorder
 from tuner.worker.task_loader import fixed_batches, load_task
 from tuner.worker.task_model import compile_for_trial
-from tuner.worker.trial import reset_keras_state
-
-
 
 class Failed(Exception):
     """The model failed to train under the config; the message is one line."""

@@ -28,10 +28,10 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.diagnose_steps import diagnose_by_steps
+from tuner.worker.keras_state import reset_keras_state
 from tuner.worker.layer_ranges import diagnostics_from, record_step, unavailable
 from tuner.worker.layer_watch import LayerWatch, forward_findings
 from tuner.worker.task_model import has_forward_pass
-from tuner.worker.trial import reset_keras_state
 
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:

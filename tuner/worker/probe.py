@@ -12,10 +12,11 @@ from typing import Sequence
 
 from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
-from tuner.worker.trial import batch_size_of, reset_keras_state
 from tuner.worker.ceiling import largest_kernel, measure_ceiling
+from tuner.worker.keras_state import reset_keras_state
 from tuner.worker.model_files import model_file_failure
-from tuner.worker.task_model import compile_by_task, has_forward_pass, watch_step
+from tuner.worker.task_model import (batch_size_of, compile_by_task, has_forward_pass,
+                                     watch_step)
 
 
 def optimizer_facts(*optimizers) -> dict:

@@ -114,6 +114,13 @@ def _named(model, optimizers: list) -> Named:
     return named
 
 
+def batch_size_of(x) -> int | None:
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(x)
+    return int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else None
+
+
 def fit_input(batch: tuple):
     """What ``fit`` hands ``train_step`` for one of the fixed batches: ``x`` alone for data
     without labels, the tuple otherwise (tuner.worker.steps.batch_dataset feeds the same)."""

@@ -15,24 +15,13 @@ from tuner.apply.config import PrecisionConfig
 from tuner.apply.reach import activation_share, precision_reach, reached_none, unreached_line
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.failures import classify_on
+from tuner.worker.keras_state import reset_keras_state
+from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.live_models import keep
 from tuner.worker.steps import fit_steps, step_recorder
-from tuner.worker.task_model import compile_for_trial, has_forward_pass, one_pass
+from tuner.worker.task_model import batch_size_of, compile_for_trial, has_forward_pass, one_pass
 from tuner.worker.validation import validate
-
-
-def reset_keras_state(seed: int) -> None:
-    """Undo everything a previous trial may have left behind in this process."""
-    import keras
-
-    keras.backend.clear_session()
-    keras.config.set_dtype_policy("float32")
-    keras.config.set_floatx("float32")
-    keras.config.set_epsilon(1e-7)
-    keras.utils.set_random_seed(seed)
-    gc.collect()
 
 
 def run_trial(spec_dict: dict) -> dict:
@@ -160,15 +149,6 @@ def _input_rounding(task, model, first_batch,
         model = task.build_model()
         compile_for_trial(model, task, PrecisionConfig.from_dict(spec.config))
     return first_rounding(lambda: one_pass(model, first_batch, training=False), checks)
-
-
-
-
-def batch_size_of(x) -> int | None:
-    import tensorflow as tf
-
-    leaves = tf.nest.flatten(x)
-    return int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else None
 
 
 def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult) -> None:
