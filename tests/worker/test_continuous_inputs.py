@@ -135,7 +135,7 @@ def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
 def test_no_example_or_zoo_model_has_an_erased_input(task):
     from tuner.worker.diagnose import diagnose_task
 
-    from tuner.worker.task_loader import load_task
+    from tuner.worker.task.task_loader import load_task
 
     diagnostics = diagnose_task(str(ROOT / task), steps=3)
     # Taken, not skipped: a diagnostics crash would leave the list empty too.
@@ -169,8 +169,8 @@ def _normalized_longitudes(cfg) -> int:
     import keras
 
     from tuner.apply.layers import hook_layer_calls
-    from tuner.worker.task_loader import load_task
-    from tuner.worker.keras_state import reset_keras_state
+    from tuner.worker.task.task_loader import load_task
+    from tuner.worker.task.keras_state import reset_keras_state
 
     reset_keras_state(0)
     task = load_task(GEO)

@@ -92,7 +92,7 @@ def test_float32_placement_reaches_a_sub_models_layer_by_path():
     placed = PrecisionConfig(policy="mixed_bfloat16",
                              float32=Float32Placement(layers=("discriminator/dense",)))
     with placed.scope() as placer:
-        from tuner.worker.task_loader import load_task
+        from tuner.worker.task.task_loader import load_task
 
         model = load_task(DCGAN).build_model()
     policies = {layer.name: layer.dtype_policy.name for layer in model.discriminator.layers}
@@ -179,8 +179,8 @@ def test_the_guard_watches_each_optimizer_a_model_trains_with():
     watches both (their scales in its history) and leaves a healthy training alone."""
     import numpy as np
 
-    from tuner.worker.task_loader import load_task
-    from tuner.worker.task_model import compile_for_trial
+    from tuner.worker.task.task_loader import load_task
+    from tuner.worker.task.task_model import compile_for_trial
 
     from tuner.apply.config import LossScale
 

@@ -60,7 +60,7 @@ def test_data_without_labels_trains_and_the_diagnostics_say_why_they_are_not_tak
     from tuner.apply.config import PrecisionConfig
     from tuner.records.diagnostics_report import conclusions
     from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.task.task_loader import fixed_batches, load_task
     from tuner.worker.trial import run_trial
 
     path = tmp_path / f"unlabelled_{'array' if data == 'X' else 'dataset'}.py"

@@ -2,7 +2,7 @@
 ``python -m tuner.worker.bench TASK CONFIG|float32 STEPS WARMUP [SEED]``.
 
 It trains the task's model as a trial does: the task loaded by the worker's loader
-(``tuner.worker.task_loader``), the model built under the config's scope and compiled by
+(``tuner.worker.task.task_loader``), the model built under the config's scope and compiled by
 ``compile_for_trial``, ``model.fit`` on the run's fixed batches with the trial's step timer
 (``tuner.worker.steps``), in a process started as a trial's worker is
 (``tuner.worker.startup``), with TensorFlow's own thread settings, as the user's training has
@@ -21,11 +21,11 @@ from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.failures import classify_on
-from tuner.worker.keras_state import reset_keras_state
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.startup import import_frameworks
 from tuner.worker.steps import fit_steps, step_recorder
-from tuner.worker.task_loader import fixed_batches, load_task
-from tuner.worker.task_model import compile_for_trial
+from tuner.worker.task.task_loader import fixed_batches, load_task
+from tuner.worker.task.task_model import compile_for_trial
 
 class Failed(Exception):
     """The model failed to train under the config; the message is one line."""

@@ -28,14 +28,14 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.diagnose_steps import diagnose_by_steps
-from tuner.worker.keras_state import reset_keras_state
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.layer_ranges import diagnostics_from, record_step, unavailable
 from tuner.worker.layer_watch import LayerWatch, forward_findings
-from tuner.worker.task_model import has_forward_pass
+from tuner.worker.task.task_model import has_forward_pass
 
 
 def diagnose_task(task_path: str, steps: int = 3, seed: int = 0) -> dict[str, Any]:
-    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.task.task_loader import fixed_batches, load_task
     reset_keras_state(seed)
     task = load_task(task_path)
     return diagnostics_or_why(task, task.build_model(), fixed_batches(task, max(steps, 1)),

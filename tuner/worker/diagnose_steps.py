@@ -4,7 +4,7 @@ training steps.
 Such a model (a GAN, a model with two optimizers) computes its losses and gradients inside its
 ``train_step``, with tapes and optimizers of its own, so there is no single compiled loss to
 differentiate from outside. The diagnostics instead run that ``train_step`` eagerly
-(tuner.worker.task_model.watch_step), a few steps, float32, watching:
+(tuner.worker.task.task_model.watch_step), a few steps, float32, watching:
 
 - every layer call, of every sub-model (the generator on its latent batch, the discriminator on
   real and generated images, a gradient penalty's interpolates), on exactly what the
@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner.worker.layer_ranges import diagnostics_from, record_step
 from tuner.worker.layer_watch import LayerWatch
-from tuner.worker.task_model import compile_by_task, watch_step
+from tuner.worker.task.task_model import compile_by_task, watch_step
 
 
 def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import sys
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import guard_record
 from tuner.process_lines import DONE, EPOCH, line
-from tuner.worker.keras_state import reset_keras_state
-from tuner.worker.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
-from tuner.worker.task_model import compile_for_trial
+from tuner.worker.task.keras_state import reset_keras_state
+from tuner.worker.task.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
+from tuner.worker.task.task_model import compile_for_trial
 
 
 def _fit_data(task) -> dict:

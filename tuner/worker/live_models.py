@@ -18,7 +18,7 @@ from tuner.trial_types import TrialSpec
 @dataclass
 class LiveModel:
     model: Any
-    optimizers: list          # (name, optimizer) pairs: tuner.worker.task_model
+    optimizers: list          # (name, optimizer) pairs: tuner.worker.task.task_model
     batches: list
     task: Any = None
     trained: int = 0          # steps this model has trained in all

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
-from tuner.worker.task_model import one_pass
+from tuner.worker.task.task_model import one_pass
 
 
 class MemoryMeter:
@@ -76,7 +76,7 @@ def training_memory(model, optimizers: list, batch: tuple) -> dict:
     """``{"weights": {dtype: bytes}, "gradients": {...}, "optimizer": {...}, "activations":
     {...}, "total_bytes": n}`` for ``model`` trained by ``optimizers`` on a batch like
     ``batch`` (the activations of its forward pass; of a watched training step, for a model
-    without one: tuner.worker.task_model.one_pass)."""
+    without one: tuner.worker.task.task_model.one_pass)."""
     import keras
 
     from tuner.apply.layers import hook_layer_calls

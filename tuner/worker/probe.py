@@ -13,9 +13,9 @@ from typing import Sequence
 from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.ceiling import largest_kernel, measure_ceiling
-from tuner.worker.keras_state import reset_keras_state
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.model_files import model_file_failure
-from tuner.worker.task_model import (batch_size_of, compile_by_task, has_forward_pass,
+from tuner.worker.task.task_model import (batch_size_of, compile_by_task, has_forward_pass,
                                      watch_step)
 
 
@@ -45,7 +45,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import tensorflow as tf
 
     from tuner.apply.layers import float32_matches
-    from tuner.worker.task_loader import fixed_batches, load_task
+    from tuner.worker.task.task_loader import fixed_batches, load_task
 
     started = time.perf_counter()
     reset_keras_state(0)
@@ -108,7 +108,7 @@ def _probe_build(task, first_batch) -> tuple:
 
 def _probe_step(task, model, first_batch) -> list:
     """A model the task compiles itself, or one without ``call()``: compiled (float32) and
-    trained one step, watched (tuner.worker.task_model), on the first batch; what fails says
+    trained one step, watched (tuner.worker.task.task_model), on the first batch; what fails says
     so in one line; its optimizers. Without ``compile_model`` a model without ``call()`` is
     refused: its ``compile()`` is its own (the Keras guide's GAN takes ``d_optimizer,
     g_optimizer``)."""

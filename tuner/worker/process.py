@@ -70,7 +70,7 @@ def run_for_peak_rss(spec_dict: dict) -> dict:
 
 def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
           diagnose_steps: int) -> dict:
-    from tuner.worker.task_loader import task_file_here  # numpy at import
+    from tuner.worker.task.task_loader import task_file_here  # numpy at import
 
     return probe_task(task_file_here(task_path), steps, patterns, ceiling,
                       diagnose_steps)
@@ -78,7 +78,7 @@ def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
 
 def diagnose(task_path: str, steps: int) -> dict:
     from tuner.worker.diagnose import diagnose_task  # numpy at import
-    from tuner.worker.task_loader import task_file_here
+    from tuner.worker.task.task_loader import task_file_here
 
     return diagnose_task(task_file_here(task_path), steps)
 
@@ -118,7 +118,7 @@ class TrialWorker:
 
         import keras
 
-        from tuner.worker.task_loader import forget_tasks  # numpy at import
+        from tuner.worker.task.task_loader import forget_tasks  # numpy at import
 
         release()
         count = forget_tasks()
@@ -142,7 +142,7 @@ class TrialWorker:
         shipped one (tuner.execution.task_shipping)."""
         import ray
 
-        from tuner.worker.task_loader import receive_task  # numpy at import
+        from tuner.worker.task.task_loader import receive_task  # numpy at import
 
         data = (shipped["data_name"], lambda: ray.get(shipped["data_ref"][0])) \
             if "data_name" in shipped else None

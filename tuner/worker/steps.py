@@ -63,7 +63,7 @@ def batch_dataset(batches, steps: int):
 
 def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool = True):
     """A callback that times each of ``fit``'s steps and records what the step did.
-    ``optimizers``: the model's, named (tuner.worker.task_model); ``traces``: the first step
+    ``optimizers``: the model's, named (tuner.worker.task.task_model); ``traces``: the first step
     traces the training step (a model that trained before has it).
 
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train

@@ -16,11 +16,12 @@ from tuner.apply.reach import activation_share, precision_reach, reached_none, u
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.failures import classify_on
-from tuner.worker.keras_state import reset_keras_state
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.memory import MemoryMeter, training_memory
 from tuner.worker.live_models import keep
 from tuner.worker.steps import fit_steps, step_recorder
-from tuner.worker.task_model import batch_size_of, compile_for_trial, has_forward_pass, one_pass
+from tuner.worker.task.task_model import (batch_size_of, compile_for_trial, has_forward_pass,
+                                          one_pass)
 from tuner.worker.validation import validate
 
 
@@ -37,7 +38,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
     memory = MemoryMeter()
     model = optimizers = None
     try:
-        from tuner.worker.task_loader import fixed_batches, load_task, task_file_here
+        from tuner.worker.task.task_loader import fixed_batches, load_task, task_file_here
 
         reset_keras_state(spec.seed)
         task = load_task(task_file_here(spec.task_path))
@@ -178,7 +179,7 @@ def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: 
 
 def first_non_finite_layer(model, batch) -> str | None:
     """Run the forward pass on ``batch`` eagerly (a training step, for a model without one:
-    tuner.worker.task_model.one_pass) and name the first layer whose output is not finite."""
+    tuner.worker.task.task_model.one_pass) and name the first layer whose output is not finite."""
     from tuner.apply.instruments import first_non_finite, layer_outputs
     from tuner.apply.layers import hook_layer_calls
 

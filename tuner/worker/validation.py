@@ -25,13 +25,13 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.steps import batch_dataset
-from tuner.worker.task_model import has_forward_pass
+from tuner.worker.task.task_model import has_forward_pass
 
 
 def validate(task, model, pool: int) -> dict[str, Any]:
     """The model's loss and metrics on the validation batches of a run whose trials cycle
-    ``pool`` training batches (tuner.worker.task_loader.validation_batches)."""
-    from tuner.worker.task_loader import validation_batches  # numpy at import
+    ``pool`` training batches (tuner.worker.task.task_loader.validation_batches)."""
+    from tuner.worker.task.task_loader import validation_batches  # numpy at import
 
     batches, source = validation_batches(task, pool)
     result = evaluate(model, batches, source) if evaluable(model) else {
