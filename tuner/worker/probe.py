@@ -12,7 +12,7 @@ from typing import Sequence
 
 from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
-from tuner.worker.ceiling import largest_kernel, measure_ceiling
+from tuner.worker.device.ceiling import largest_kernel, measure_ceiling
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.model_files import model_file_failure
 from tuner.worker.task.task_model import (batch_size_of, compile_by_task, has_forward_pass,
@@ -35,7 +35,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     group and each of ``patterns`` selects (``tuner.apply.scope.float32_matches``), with every
     layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
     contract. With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
-    (``tuner.worker.ceiling``), timed apart (``info["ceiling_s"]``); with ``diagnose_steps``,
+    (``tuner.worker.device.ceiling``), timed apart (``info["ceiling_s"]``); with ``diagnose_steps``,
     ``info["diagnostics"]`` are the diagnostics of the same model (``tuner.worker.diagnose``:
     the task is loaded and the model built once for both), timed apart too.
     """

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from tuner.worker.ceiling import prime
+from tuner.worker.device.ceiling import prime
 from tuner.worker.live import run_live
 from tuner.worker.live_models import keep_only, release
 from tuner.worker.startup import import_frameworks

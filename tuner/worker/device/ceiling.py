@@ -34,7 +34,7 @@ import math
 import statistics
 import time
 
-from tuner.worker import ceiling_cache
+from tuner.worker.device import ceiling_cache
 
 SIZE = 256                 # a layer big enough to reach the matrix units, small enough to
 _BATCH = 64                # take milliseconds even where a dtype is emulated
@@ -121,7 +121,7 @@ def measure_ceiling(model_layer: dict | None = None, *, fresh: bool = False) -> 
     "peak": {"size", "speed"}, "model": {"layer", "shape": [batch, in, out], "speed"}}``;
     ``model_layer``: ``{"layer", "shape"}`` of the model's largest kernel (``largest_kernel``),
     or None (no "model" figure); ``fresh``: time the device's figures even where this process
-    or the machine's cache (tuner.worker.ceiling_cache) holds them."""
+    or the machine's cache (tuner.worker.device.ceiling_cache) holds them."""
     device = _device()
     ceiling = dict(_device_figures(device, fresh))
     native = ["float32"] + [d for d in DTYPES
@@ -152,7 +152,7 @@ def _device_figures(device: str, fresh: bool = False) -> dict:
     warm worker of the service (tuner.execution.warm_pool) serves job after job on the same
     device, and a later job reads them as ``"reused": True`` (with ``measured_at``, when they
     were taken); a later tune on the machine reads them from its cache
-    (tuner.worker.ceiling_cache), with ``kept_in`` too."""
+    (tuner.worker.device.ceiling_cache), with ``kept_in`` too."""
     if device in _measured and not fresh:
         return {**_measured[device], "reused": True}
     key = ceiling_cache.machine_key(device)
