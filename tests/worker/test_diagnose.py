@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tuner.judging.layer_risk import FLOAT16_MAX, recommend_loss_scale
-from tuner.worker.diagnose import diagnose_task
-from tuner.worker.layer_ranges import tensor_stats
+from tuner.worker.diagnostics.diagnose import diagnose_task
+from tuner.worker.diagnostics.layer_ranges import tensor_stats
 
 
 def by_name(diagnostics):

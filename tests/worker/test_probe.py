@@ -78,7 +78,7 @@ def test_data_without_labels_trains_and_the_diagnostics_say_why_they_are_not_tak
 
 
 def test_diagnostics_that_fail_on_a_model_are_reported_not_raised(tmp_path, monkeypatch):
-    from tuner.worker import diagnose
+    from tuner.worker.diagnostics import diagnose
 
     def broken(*args, **kwargs):
         raise RuntimeError("an exotic model the diagnostics cannot trace\nsecond line")
@@ -97,7 +97,7 @@ def test_a_diagnostics_failure_of_a_loss_none_task_is_reported_as_what_it_was(tm
                                                                              monkeypatch):
     """LOSS = None explains a failure to trace the loss, and only that: any other error is
     reported as itself (it was reported as "LOSS is None" whatever it was)."""
-    from tuner.worker import diagnose
+    from tuner.worker.diagnostics import diagnose
 
     path = tmp_path / "unlabelled.py"
     path.write_text(UNLABELLED + "def train_data():\n    return X\n")

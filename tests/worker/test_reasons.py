@@ -21,7 +21,7 @@ def _trial(path, cfg, steps=6, **extra):
 
 @pytest.fixture(scope="module")
 def float_ids_diagnostics():
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     return diagnose_task(FLOAT_IDS, steps=1)
 

@@ -55,7 +55,8 @@ class Executor(ABC):
 
     @abstractmethod
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        """Per-layer range diagnostics from a few float32 steps (``tuner.worker.diagnose``)."""
+        """Per-layer range diagnostics from a few float32 steps
+        (``tuner.worker.diagnostics.diagnose``)."""
 
     @abstractmethod
     def in_flight(self) -> int:

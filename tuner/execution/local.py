@@ -91,7 +91,8 @@ class LocalProcessExecutor(Executor):
                           list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
+        """Per-layer range diagnostics from a few float32 steps (see
+        tuner.worker.diagnostics.diagnose)."""
         return self._call("diagnostics", worker_process.diagnose, task_path, steps,
                           timeout_s=timeout_s)
 

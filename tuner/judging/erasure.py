@@ -1,12 +1,12 @@
 """A continuous input feature that a 16-bit cast erases, as evidence: which is worst, in words.
 
-The worker's input check (tuner.worker.continuous_inputs) finds, per layer, the features that a
-cast to a 16-bit dtype erases (an ``erasure`` entry: the feature's range and spread, and per
-dtype the rounding noise, the step at its typical magnitude and the distinct values that
-survive). ``severity`` orders them worst first; ``values_text`` and ``step_text`` say a
-feature's values and a dtype's step there the same way wherever it is said: in a trial's
-failure reason (in the worker) and in the diagnostics' records (tuner.records.diagnostics_report).
-Pure text and arithmetic on plain data.
+The worker's input check (tuner.worker.diagnostics.continuous_inputs) finds, per layer, the
+features that a cast to a 16-bit dtype erases (an ``erasure`` entry: the feature's range and
+spread, and per dtype the rounding noise, the step at its typical magnitude and the distinct
+values that survive). ``severity`` orders them worst first; ``values_text`` and ``step_text``
+say a feature's values and a dtype's step there the same way wherever it is said: in a trial's
+failure reason (in the worker) and in the diagnostics' records
+(tuner.records.diagnostics_report). Pure text and arithmetic on plain data.
 """
 
 from __future__ import annotations

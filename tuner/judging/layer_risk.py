@@ -1,12 +1,12 @@
 """Which layers float16 puts at risk, read from the diagnostics' per-layer ranges (plain data).
 
-The worker's diagnostics (tuner.worker.layer_ranges) summarise every layer's activations and
-gradients in float32 steps; from those summaries, ``risk_score`` weighs what a layer stands to
-lose in float16 (overflow most, then underflow), ``float32_candidates`` ranks the layers a
-config could keep in float32 (those whose inputs 16-bit rounding corrupts first, then the
-riskiest), ``recommend_loss_scale`` picks the initial loss scale from the gradients' range, and
-``add_flushed_shares`` adds each layer's share of weight gradients float16 flushes at scale 1
-and at that scale (tuner.judging.underflow). Pure arithmetic on plain numbers.
+The worker's diagnostics (tuner.worker.diagnostics.layer_ranges) summarise every layer's
+activations and gradients in float32 steps; from those summaries, ``risk_score`` weighs what a
+layer stands to lose in float16 (overflow most, then underflow), ``float32_candidates`` ranks
+the layers a config could keep in float32 (those whose inputs 16-bit rounding corrupts first,
+then the riskiest), ``recommend_loss_scale`` picks the initial loss scale from the gradients'
+range, and ``add_flushed_shares`` adds each layer's share of weight gradients float16 flushes at
+scale 1 and at that scale (tuner.judging.underflow). Pure arithmetic on plain numbers.
 """
 
 from __future__ import annotations

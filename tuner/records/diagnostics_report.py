@@ -1,10 +1,10 @@
-"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people.
+"""Render per-layer diagnostics (plain data from tuner.worker.diagnostics.diagnose) for people.
 
 Two readings of the same findings: ``conclusions``, every finding on a line of its own (the
 records: ``diagnostics.md`` in the MLflow parent run, and ``diagnose --all``), and
 ``console_lines``, what a person reads before the first trial: one line per layer, its worst
 finding and how many more, the features that are zero to float32 as well left out (counted on
-one line; tuner.worker.continuous_inputs.negligible says why they lose nothing).
+one line; tuner.worker.diagnostics.continuous_inputs.negligible says why they lose nothing).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str
     table = []
     for layer in layers[:limit]:
         # No activation gradients where the train_step's losses are out of reach
-        # (tuner.worker.diagnose_steps): shown as "-".
+        # (tuner.worker.diagnostics.diagnose_steps): shown as "-".
         act, grad = layer["activation"], layer["gradient"] or {}
         table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
                       _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),

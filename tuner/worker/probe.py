@@ -30,14 +30,15 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
                ceiling: bool = False, diagnose_steps: int = 0) -> dict:
     """Check the task in the worker before anything is written; return a short description.
 
-    The model is built (and, if subclassed, called on the first batch so that its layers
-    exist) under a float32 config; ``info["float32_matches"]`` says which layers each float32
-    group and each of ``patterns`` selects (``tuner.apply.scope.float32_matches``), with every
-    layer's path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the
-    contract. With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
-    (``tuner.worker.device.ceiling``), timed apart (``info["ceiling_s"]``); with ``diagnose_steps``,
-    ``info["diagnostics"]`` are the diagnostics of the same model (``tuner.worker.diagnose``:
-    the task is loaded and the model built once for both), timed apart too.
+    The model is built (and, if subclassed, called on the first batch so that its layers exist)
+    under a float32 config; ``info["float32_matches"]`` says which layers each float32 group and
+    each of ``patterns`` selects (``tuner.apply.scope.float32_matches``), with every layer's
+    path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the contract.
+    With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
+    (``tuner.worker.device.ceiling``), timed apart (``info["ceiling_s"]``); with
+    ``diagnose_steps``, ``info["diagnostics"]`` are the diagnostics of the same model
+    (``tuner.worker.diagnostics.diagnose``: the task is loaded and the model built once for
+    both), timed apart too.
     """
     import time
 
@@ -64,7 +65,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
         started = time.perf_counter()
-        from tuner.worker.diagnose import diagnostics_or_why
+        from tuner.worker.diagnostics.diagnose import diagnostics_or_why
 
         info["diagnostics"] = diagnostics_or_why(task, model, batches, diagnose_steps)
         info["diagnostics_s"] = time.perf_counter() - started

@@ -77,7 +77,7 @@ def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
 
 
 def diagnose(task_path: str, steps: int) -> dict:
-    from tuner.worker.diagnose import diagnose_task  # numpy at import
+    from tuner.worker.diagnostics.diagnose import diagnose_task  # numpy at import
     from tuner.worker.task.task_loader import task_file_here
 
     return diagnose_task(task_file_here(task_path), steps)

@@ -136,8 +136,8 @@ def _input_rounding(task, model, first_batch,
     takes, or erases a continuous feature it takes (both found by the diagnostics), in one
     forward pass; for a model without one, in a training step of a second copy of it (the
     trial's own model must not train a step more than the others)."""
-    from tuner.worker.continuous_inputs import continuous_check
-    from tuner.worker.integer_inputs import first_rounding, integer_check
+    from tuner.worker.diagnostics.continuous_inputs import continuous_check
+    from tuner.worker.diagnostics.integer_inputs import first_rounding, integer_check
 
     checks = {}
     if spec.integer_inputs:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.worker.layer_ranges import diagnostics_from, record_step
-from tuner.worker.layer_watch import LayerWatch
+from tuner.worker.diagnostics.layer_ranges import diagnostics_from, record_step
+from tuner.worker.diagnostics.layer_watch import LayerWatch
 from tuner.worker.task.task_model import compile_by_task, watch_step
 
 
 def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
-    """Diagnostics (tuner.worker.layer_ranges' shape) from ``steps`` watched training steps of
-    ``model``, compiled by the task's ``compile_model`` with gradient-recording optimizers."""
+    """Diagnostics (``layer_ranges``' shape) from ``steps`` watched training steps of ``model``,
+    compiled by the task's ``compile_model`` with gradient-recording optimizers."""
     from tuner.apply.layers import hook_layer_calls
 
     applied: list[tuple[Any, Any]] = []   # (variable, gradient) as the optimizers received them

@@ -4,8 +4,8 @@ Raw coordinates, timestamps, temperatures in kelvin, pressures in Pa, prices: a 
 -122 that spans 0.7 degrees is, in bfloat16, a multiple of 0.5 -- two values where there were
 thousands. Keras casts a layer's float inputs to its compute dtype, so a ``Normalization``
 layer adapted on such a feature standardises what is left of it: nothing fails, the loss may
-still fall, the feature is gone. Two checks, plain data out, like
-tuner.worker.integer_inputs (which handles float tensors that carry integers):
+still fall, the feature is gone. Two checks, plain data out, like ``integer_inputs`` (which
+handles float tensors that carry integers):
 
 - :class:`ContinuousInputs` (in the float32 diagnostics): for every float input of every layer
   and every feature of its last axis, the RMS error that a cast to each 16-bit dtype adds,
@@ -13,8 +13,8 @@ tuner.worker.integer_inputs (which handles float tensors that carry integers):
   float16 rounds whole to zero that the float32 model cannot use either is recorded apart
   (``negligible_inputs``, see :func:`negligible`): it keeps no layer in float32;
 - :func:`continuous_check` (in a trial, before it trains, run by
-  tuner.worker.integer_inputs.first_rounding): whether, under the trial's config, one of those
-  layers receives such a feature in (or casts it to) a dtype that erases it.
+  ``integer_inputs.first_rounding``): whether, under the trial's config, one of those layers
+  receives such a feature in (or casts it to) a dtype that erases it.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _numpy_dtype(name: str):
 
 def _in_range(values: np.ndarray, dtype: str) -> np.ndarray:
     """``values`` clipped to float16's range: what overflows is the overflow risk of the layer
-    that made it (tuner.worker.diagnose), not rounding, and is not counted here."""
+    that made it (tuner.worker.diagnostics.diagnose), not rounding, and is not counted here."""
     return np.clip(values, -_FLOAT16_MAX, _FLOAT16_MAX) if dtype == "float16" else values
 
 
@@ -100,7 +100,7 @@ def suspects(table: np.ndarray) -> list[int]:
 def erasure(values: np.ndarray) -> dict[str, Any] | None:
     """What casting one feature's values to each 16-bit dtype does to them, as plain data;
     None when no 16-bit dtype erases it, or it is constant, or its values are integers (exact,
-    or tuner.worker.integer_inputs' business)."""
+    or tuner.worker.diagnostics.integer_inputs' business)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     spread = float(np.std(values)) if values.size > 1 else 0.0
@@ -182,7 +182,7 @@ class ContinuousInputs:
     def observe(self, layer, path: str, args: tuple, kwargs: dict) -> None:
         import keras
 
-        from tuner.worker.integer_inputs import float_leaves
+        from tuner.worker.diagnostics.integer_inputs import float_leaves
 
         if isinstance(layer, keras.Model):  # the layers inside it receive them too
             return
@@ -239,9 +239,8 @@ def _reason(entry: dict[str, Any], arrives: str, computes: str) -> str:
 
 
 def continuous_check(expected: Sequence[dict[str, Any]]) -> Callable:
-    """A check for tuner.worker.integer_inputs.first_rounding: a layer in ``expected`` (the
-    diagnostics' ``continuous_inputs``) that receives a feature in, or casts it to, a dtype
-    that erases it."""
+    """A check for ``integer_inputs.first_rounding``: a layer in ``expected`` (the diagnostics'
+    ``continuous_inputs``) that receives a feature in, or casts it to, a dtype that erases it."""
     by_layer: dict[str, list[dict[str, Any]]] = {}
     for entry in expected:
         by_layer.setdefault(entry["layer"], []).append(entry)

@@ -11,8 +11,8 @@ regression's shape; a classifier's sparse labels are indices, not values to prod
 - **range** (float16 only): targets beyond float16's largest value divided by
   ``HEAD_HEADROOM`` (predictions overshoot their targets while they learn);
 - **resolution** (either 16-bit dtype): targets whose spread a cast to the dtype erases
-  (tuner.worker.continuous_inputs' measure, relative to the targets' own spread): the head
-  cannot tell the targets apart.
+  (tuner.worker.diagnostics.continuous_inputs' measure, relative to the targets' own spread):
+  the head cannot tell the targets apart.
 
 The layer that produces such an output (and, where it has no weights, the layers behind it up to
 the first one that has: a ``Rescaling`` after the ``Dense``) is named with the compute dtypes in
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.worker.continuous_inputs import ERASING_NOISE, SIXTEEN_BIT, rounding_noise, step_at
+from tuner.worker.diagnostics.continuous_inputs import (ERASING_NOISE, SIXTEEN_BIT, rounding_noise,
+                                                        step_at)
 
 FLOAT16_MAX = 65504.0
 HEAD_HEADROOM = 4.0   # as tuner.judging.layer_risk's score: two doublings from overflow

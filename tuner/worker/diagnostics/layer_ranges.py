@@ -9,8 +9,7 @@ instrumented step's tensors into per-layer records; ``diagnostics_from`` ranks t
 risk into float32 placement candidates, after the layers the input and target checks name,
 and recommends an initial loss scale (both by tuner.judging.layer_risk's rules);
 ``unavailable`` is the same shape where no step could be traced. The steps themselves are
-tuner.worker.diagnose's (a compiled loss) and tuner.worker.diagnose_steps' (a task's own
-``train_step``).
+``diagnose``'s (a compiled loss) and ``diagnose_steps``' (a task's own ``train_step``).
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def record_step(records: dict[str, dict[str, Any]], order: list[str], captured: 
         if name not in order:
             order.append(name)
         record["activation"] = _merge(record["activation"], tensor_stats(tensor))
-        if gradient is not None:   # None: not traceable (tuner.worker.diagnose_steps)
+        if gradient is not None:   # None: not traceable (tuner.worker.diagnostics.diagnose_steps)
             record["gradient"] = _merge(record["gradient"], tensor_stats(gradient))
     owners = {id(w): name for name, layer, _ in captured for w in layer.trainable_weights}
     for weight, gradient in zip(weights, weight_grads):

@@ -5,21 +5,22 @@ them, and for every layer with weights the weight gradients. Each tensor is summ
 its largest magnitude; the fraction of values that would overflow float16 (> 65504); the
 fraction of non-zero values that would underflow float16 (flush to zero below 2^-24, or lose
 precision as subnormals below 2^-14); and bfloat16's mean relative rounding error.
-From these: float32 placement candidates (layers at risk, ranked) and a recommended initial
-loss scale. Each gradient also keeps a histogram of its values' binary exponents, so that the
-share float16 flushes to zero can be read at any loss scale (``flushed_fraction``): per layer,
-at scale 1 and at the recommended scale (``weight_gradient_flushed``), the evidence the mixed
+From these: float32 placement candidates (layers at risk, ranked) and a recommended initial loss
+scale. Each gradient also keeps a histogram of its values' binary exponents, so that the share
+float16 flushes to zero can be read at any loss scale (``flushed_fraction``): per layer, at
+scale 1 and at the recommended scale (``weight_gradient_flushed``), the evidence the mixed
 precision paper chose its scales by. Layers that receive float tensors carrying integers beyond
-16-bit's exact range (``integer_inputs``, see tuner.worker.integer_inputs), and layers that
-receive continuous features that a 16-bit cast erases (``continuous_inputs``: a large offset, a
-small spread, see tuner.worker.continuous_inputs), and output layers whose targets a 16-bit
-output cannot produce (``output_heads``, see tuner.worker.output_targets) are candidates ahead
-of all others. Features float16 rounds to zero that the float32 model cannot use either are
-recorded apart (``negligible_inputs``) and name no candidate.
-Plain data out (``diagnose_task`` returns a dict). The statistics are tuner.worker.layer_ranges',
-what they conclude tuner.judging.layer_risk's; each step is traced by
-tuner.apply.instruments.traced_step, or, for a model the task compiles itself, read from its own
-``train_step`` (tuner.worker.diagnose_steps).
+16-bit's exact range (``integer_inputs``, see tuner.worker.diagnostics.integer_inputs), and
+layers that receive continuous features that a 16-bit cast erases (``continuous_inputs``: a
+large offset, a small spread, see tuner.worker.diagnostics.continuous_inputs), and output layers
+whose targets a 16-bit output cannot produce (``output_heads``, see
+tuner.worker.diagnostics.output_targets) are candidates ahead of all others. Features float16
+rounds to zero that the float32 model cannot use either are recorded apart
+(``negligible_inputs``) and name no candidate.
+Plain data out (``diagnose_task`` returns a dict). The statistics are
+tuner.worker.diagnostics.layer_ranges', what they conclude tuner.judging.layer_risk's; each step
+is traced by tuner.apply.instruments.traced_step, or, for a model the task compiles itself, read
+from its own ``train_step`` (tuner.worker.diagnostics.diagnose_steps).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.errors import first_line
-from tuner.worker.diagnose_steps import diagnose_by_steps
+from tuner.worker.diagnostics.diagnose_steps import diagnose_by_steps
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.layer_ranges import diagnostics_from, record_step, unavailable
-from tuner.worker.layer_watch import LayerWatch, forward_findings
+from tuner.worker.diagnostics.layer_ranges import diagnostics_from, record_step, unavailable
+from tuner.worker.diagnostics.layer_watch import LayerWatch, forward_findings
 from tuner.worker.task.task_model import has_forward_pass
 
 

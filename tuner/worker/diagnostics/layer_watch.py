@@ -1,17 +1,17 @@
 """What the diagnostics read from layer calls besides gradients (``LayerWatch``): the float
-inputs 16-bit rounding corrupts (tuner.worker.integer_inputs, tuner.worker.continuous_inputs),
-every layer call's float output, and the targets each output must produce
-(tuner.worker.output_targets). ``forward_findings`` takes these on forward passes alone: where
-gradients cannot be traced (no compiled loss), the input and target checks still can.
+inputs 16-bit rounding corrupts (``integer_inputs``, ``continuous_inputs``), every layer call's
+float output, and the targets each output must produce (``output_targets``).
+``forward_findings`` takes these on forward passes alone: where gradients cannot be traced (no
+compiled loss), the input and target checks still can.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.worker.continuous_inputs import ContinuousInputs
-from tuner.worker.integer_inputs import integer_inputs_of
-from tuner.worker.output_targets import OutputTargets
+from tuner.worker.diagnostics.continuous_inputs import ContinuousInputs
+from tuner.worker.diagnostics.integer_inputs import integer_inputs_of
+from tuner.worker.diagnostics.output_targets import OutputTargets
 
 
 class LayerWatch:
@@ -32,7 +32,7 @@ class LayerWatch:
 
     def inputs(self, layer, args, kwargs) -> None:
         from tuner.apply.layers import call_path
-        from tuner.worker.integer_inputs import float_leaves
+        from tuner.worker.diagnostics.integer_inputs import float_leaves
 
         if self.data_only:
             made = {id(tensor) for tensor in self.produced}

@@ -12,7 +12,7 @@ lost information. Two checks, both plain data out:
   under the trial's config, any of those layers receives them in (or casts them to) a dtype
   that cannot hold them exactly.
 
-:func:`first_rounding` and :func:`arrival` also serve tuner.worker.continuous_inputs.
+:func:`first_rounding` and :func:`arrival` also serve tuner.worker.diagnostics.continuous_inputs.
 """
 
 from __future__ import annotations
