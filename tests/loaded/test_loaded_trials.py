@@ -1,8 +1,8 @@
 """Trials of a model the user already has train in the config's dtype, and say so.
 
-Real trials (tuner.worker.trial, in this process) of task files whose ``build_model()`` loads a
-saved model, beside the twin built in code: the memory record's activations are 16-bit, the
-recorded reach is the whole model. A config that reaches no layer (layers built with
+Real trials (tuner.worker.trial.trial, in this process) of task files whose ``build_model()``
+loads a saved model, beside the twin built in code: the memory record's activations are 16-bit,
+the recorded reach is the whole model. A config that reaches no layer (layers built with
 ``dtype="float32"``, a model loaded before the scope opened) fails as ``precision_unreached``
 with the layers, where their dtype came from and the fix, in one line. A model file that does
 not load stops the task check with one line naming the file, the cause and the fix.
@@ -16,7 +16,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.trial import run_trial
 from tests.loaded.saved_kinds import KINDS, save_all, task_file
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.diagnostics.continuous_inputs import NEGLIGIBLE_BELOW, erased_features, negligible
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.trial import run_trial
 
 ROOT = Path(__file__).parent.parent.parent
 GEO = str(ROOT / "tests" / "quality" / "geo_coordinates.py")

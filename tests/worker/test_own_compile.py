@@ -17,7 +17,7 @@ from tuner.judging.verdict import Verdict, judge
 from tuner.search.proposer import repair_for
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 DCGAN = str(ROOT / "examples" / "dcgan.py")

@@ -61,7 +61,7 @@ def test_data_without_labels_trains_and_the_diagnostics_say_why_they_are_not_tak
     from tuner.records.diagnostics_report import conclusions
     from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
     from tuner.worker.task.task_loader import fixed_batches, load_task
-    from tuner.worker.trial import run_trial
+    from tuner.worker.trial.trial import run_trial
 
     path = tmp_path / f"unlabelled_{'array' if data == 'X' else 'dataset'}.py"
     path.write_text(UNLABELLED + f"def train_data():\n    return {data}\n")

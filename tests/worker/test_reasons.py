@@ -7,8 +7,8 @@ import pytest
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.failures import classify, layer_for_node, read_error
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.error_reading import classify, layer_for_node, read_error
+from tuner.worker.trial.trial import run_trial
 
 ZOO = Path(__file__).parent.parent / "zoo"
 FLOAT_IDS = str(ZOO / "float_token_ids.py")

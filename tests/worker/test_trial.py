@@ -10,7 +10,7 @@ from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.judging.verdict import Verdict, judge
 from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 
@@ -33,14 +33,14 @@ def test_float32_trial_records_every_step(task_path):
     assert result.trace_s == pytest.approx(result.step_times_ms[0] / 1000)
     assert result.train_s == pytest.approx(sum(result.step_times_ms[1:]) / 1000)
     assert result.wall_s >= result.setup_s + result.trace_s + result.train_s
-    # What the process used (tuner.worker.memory.MemoryMeter): a CPU's RSS growth here.
+    # What the process used (tuner.worker.trial.memory.MemoryMeter): a CPU's RSS growth here.
     assert result.memory_source == "host_rss_growth"
     assert isinstance(result.peak_memory_bytes, int) and result.peak_memory_bytes >= 0
     assert result.training_memory["total_bytes"] > 0 and result.memory_error == ""
 
 
 def test_a_memory_count_that_fails_says_why(task_path, monkeypatch):
-    from tuner.worker import trial as worker_trial
+    from tuner.worker.trial import trial as worker_trial
 
     def broken(model, optimizer, x):
         raise TypeError("an eager call of the model raised")

@@ -1,5 +1,5 @@
 """The validation batches (tuner.worker.task.task_loader) and the evaluation on them
-(tuner.worker.validation): where they come from, that no trial trains on them, and what a
+(tuner.worker.trial.validation): where they come from, that no trial trains on them, and what a
 model that cannot be evaluated gives."""
 
 import keras
@@ -8,7 +8,7 @@ import pytest
 
 from tuner.worker.task.task_loader import (VAL_BATCHES, fixed_batches, load_task,
                                       validation_batches)
-from tuner.worker.validation import evaluate
+from tuner.worker.trial.validation import evaluate
 
 MODEL = """
 import keras, numpy as np

@@ -23,7 +23,7 @@ E = TypeVar("E", bound="Executor")
 class ExclusiveSession(Protocol):
     """Runs specs one after another on a worker that has its node to itself. Each config's
     model is built and traced on its first run and kept alive: a later run of the same config
-    trains ``spec.steps`` more steps of it (``tuner.worker.live``)."""
+    trains ``spec.steps`` more steps of it (``tuner.worker.trial.live``)."""
 
     exclusive_timing: bool  # False when no node could be reserved: the timings were shared
 

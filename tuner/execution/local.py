@@ -19,9 +19,9 @@ from tuner.execution.base import Executor
 from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
 from tuner.worker import process as worker_process
-from tuner.worker.live import run_live
-from tuner.worker.live_models import keep_only, release
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.live import run_live
+from tuner.worker.trial.live_models import keep_only, release
+from tuner.worker.trial.trial import run_trial
 
 
 def fresh_process_peak_rss(spec: TrialSpec, timeout_s: float = 600.0) -> int | None:

@@ -5,7 +5,7 @@ clearly slower than the best stable one so far ends it (``too_slow_reason``: nev
 steps, never on one hiccup); a sized run ends once ``tuner.judging.sizing.enough`` says its
 timing and loss comparison are resolved; a time-bounded run once it has trained its time
 (``time_bound_reached``). Each says why in the record. Pure arithmetic on the record's plain
-lists: the worker's step timer (tuner.worker.steps) and the tests' scripted executor ask
+lists: the worker's step timer (tuner.worker.trial.steps) and the tests' scripted executor ask
 the same rules.
 """
 

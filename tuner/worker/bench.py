@@ -4,7 +4,7 @@
 It trains the task's model as a trial does: the task loaded by the worker's loader
 (``tuner.worker.task.task_loader``), the model built under the config's scope and compiled by
 ``compile_for_trial``, ``model.fit`` on the run's fixed batches with the trial's step timer
-(``tuner.worker.steps``), in a process started as a trial's worker is
+(``tuner.worker.trial.steps``), in a process started as a trial's worker is
 (``tuner.worker.startup``), with TensorFlow's own thread settings, as the user's training has
 them. ``WARMUP`` steps (the first traces the training step) are trained and not timed;
 ``STEPS`` more are. It writes one line on stdout, ``PT-BENCH {...}``: the timed step times
@@ -20,10 +20,10 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.failures import classify_on
+from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.startup import import_frameworks
-from tuner.worker.steps import fit_steps, step_recorder
+from tuner.worker.trial.steps import fit_steps, step_recorder
 from tuner.worker.task.task_loader import fixed_batches, load_task
 from tuner.worker.task.task_model import compile_for_trial
 

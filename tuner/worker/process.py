@@ -14,10 +14,10 @@ import threading
 import time
 
 from tuner.worker.device.ceiling import prime
-from tuner.worker.live import run_live
-from tuner.worker.live_models import keep_only, release
+from tuner.worker.trial.live import run_live
+from tuner.worker.trial.live_models import keep_only, release
 from tuner.worker.startup import import_frameworks
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.trial import run_trial
 from tuner.worker.probe import probe_task
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.

@@ -171,7 +171,7 @@ def fixed_batches(task: Task, steps: int) -> list[tuple]:
     Each batch keeps the structure the task's data has, as ``model.fit`` would hand it to
     ``train_step``: ``(x, y)``, or ``(x, y, sample_weight)`` where the data has sample weights,
     or ``(x,)`` where it has no labels (an autoencoder's custom ``train_step``; the dataset
-    then yields x itself, as the task's did: ``tuner.worker.steps.batch_dataset``).
+    then yields x itself, as the task's did: ``tuner.worker.trial.steps.batch_dataset``).
     ``keras.utils.unpack_x_y_sample_weight`` takes any of them apart.
     Materialised once per worker so that every trial sees exactly the same data in the same
     order (a reshuffling ``tf.data`` pipeline would otherwise differ between trials). Batches

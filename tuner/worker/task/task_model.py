@@ -9,7 +9,7 @@ Two ways to compile (the task-file contract, docs/how-to/task-files.md):
   (``compile(d_optimizer, g_optimizer, loss_fn)``), any model that keeps optimizers of its own.
   Every optimizer it passes through ``wrap_optimizer`` gets the config's loss scale, epsilon and
   weight update, and is named after the model attribute that holds it (``d_optimizer``), so
-  that each one's loss scale and skipped steps are recorded (tuner.worker.steps).
+  that each one's loss scale and skipped steps are recorded (tuner.worker.trial.steps).
 
 A model without ``call()`` is trained by its ``train_step`` alone and has no forward pass to
 watch. The checks that watch one (the input checks, the memory count, the search for the first
@@ -17,7 +17,7 @@ non-finite layer, the diagnostics) watch a training step instead (``watch_step``
 on a batch as ``fit`` hands it over, it calls every sub-model (a generator, a discriminator)
 on exactly what the ``train_step`` feeds it.
 
-Keras is imported where it is used: the driver imports tuner.worker.trial, which uses this.
+Keras is imported where it is used: the driver imports tuner.worker.trial.trial, which uses this.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def batch_size_of(x) -> int | None:
 
 def fit_input(batch: tuple):
     """What ``fit`` hands ``train_step`` for one of the fixed batches: ``x`` alone for data
-    without labels, the tuple otherwise (tuner.worker.steps.batch_dataset feeds the same)."""
+    without labels, the tuple otherwise (tuner.worker.trial.steps.batch_dataset feeds the same)."""
     return batch[0] if len(batch) == 1 else tuple(batch)
 
 

@@ -4,7 +4,7 @@
 ``step_recorder`` is the callback that times each step and records its loss, loss scale and
 skipped update, and stops a run where the early stop says so (tuner.judging.early_stop: a
 non-finite loss, clearly too slow, a sized run measured enough, a time bound reached). Used by
-a trial (tuner.worker.trial) and by a live model's later runs (tuner.worker.live).
+a trial (tuner.worker.trial.trial) and by a live model's later runs (tuner.worker.trial.live).
 """
 
 from __future__ import annotations

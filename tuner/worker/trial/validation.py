@@ -10,10 +10,10 @@ trials see the same batches, so the verdict compares them batch by batch (tuner.
 Plain data out: ``{"loss", "batch_losses", "metrics", "batches", "samples", "source",
 "seconds"}``, or ``{"error": ...}`` when the model cannot be evaluated; with the task's
 ``val_metric(model)``, its value too (``"val_metric"`` and, given per batch,
-``"val_metric_values"``; or ``"val_metric_error"``). Where float32's validation ran, a trial whose validation fails has failed that check
-(``tuner.judging.verdict.validation_failure``); where float32's fails too, no config can be
-compared on validation, the trials are judged on their training losses, and the summary says
-why.
+``"val_metric_values"``; or ``"val_metric_error"``). Where float32's validation ran, a trial
+whose validation fails has failed that check (``tuner.judging.verdict.validation_failure``);
+where float32's fails too, no config can be compared on validation, the trials are judged on
+their training losses, and the summary says why.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from tuner.errors import first_line
-from tuner.worker.steps import batch_dataset
+from tuner.worker.trial.steps import batch_dataset
 from tuner.worker.task.task_model import has_forward_pass
 
 

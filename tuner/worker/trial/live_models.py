@@ -1,7 +1,7 @@
 """The models a worker keeps alive between runs, keyed by the task and the config.
 
 A trial that may be re-measured leaves its compiled model (with its optimizer, batches and
-task) here (``keep``); tuner.worker.live trains it on in later runs; ``keep_only`` and
+task) here (``keep``); tuner.worker.trial.live trains it on in later runs; ``keep_only`` and
 ``release`` drop what the driver no longer needs. Per process: a fresh worker starts empty.
 """
 

@@ -20,11 +20,11 @@ from dataclasses import replace
 
 from tuner.apply.config import PrecisionConfig
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.failures import classify
-from tuner.worker.live_models import LIVE, LiveModel, key_of
-from tuner.worker.steps import fit_steps, step_recorder
-from tuner.worker.trial import train_trial
-from tuner.worker.validation import validate
+from tuner.worker.trial.error_reading import classify
+from tuner.worker.trial.live_models import LIVE, LiveModel, key_of
+from tuner.worker.trial.steps import fit_steps, step_recorder
+from tuner.worker.trial.trial import train_trial
+from tuner.worker.trial.validation import validate
 
 
 def run_live(spec_dict: dict) -> dict:

@@ -15,14 +15,14 @@ from tuner.apply.config import PrecisionConfig
 from tuner.apply.reach import activation_share, precision_reach, reached_none, unreached_line
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.failures import classify_on
+from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.memory import MemoryMeter, training_memory
-from tuner.worker.live_models import keep
-from tuner.worker.steps import fit_steps, step_recorder
+from tuner.worker.trial.memory import MemoryMeter, training_memory
+from tuner.worker.trial.live_models import keep
+from tuner.worker.trial.steps import fit_steps, step_recorder
 from tuner.worker.task.task_model import (batch_size_of, compile_for_trial, has_forward_pass,
                                           one_pass)
-from tuner.worker.validation import validate
+from tuner.worker.trial.validation import validate
 
 
 def run_trial(spec_dict: dict) -> dict:
@@ -120,7 +120,7 @@ def _what_it_measured(partial: TrialResult) -> dict:
 
 def _training_memory(model, optimizers, first_batch,
                      config: PrecisionConfig) -> tuple[dict | None, str]:
-    """Exact training-state and activation bytes (tuner.worker.memory), and "" ; or None and
+    """Exact training-state and activation bytes (tuner.worker.trial.memory), and "" ; or None and
     why the count failed (the model cannot be run eagerly once more, say). A failed count fails
     no trial, but the memory objective cannot rank the config: it says so (by_objective)."""
     try:
