@@ -15,7 +15,7 @@ import pytest
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.probe import probe_task
+from tuner.worker.check.task_check import check_task
 from tuner.worker.trial.trial import run_trial
 from tests.loaded.saved_kinds import KINDS, save_all, task_file
 
@@ -127,7 +127,7 @@ def test_a_keras_hub_model_from_a_local_preset_takes_the_policy(tmp_path):
 def _probe_error(saved, expression):
     path = task_file(saved, f"bad_{abs(hash(expression))}", expression=expression)
     with pytest.raises(TaskError) as caught:
-        probe_task(str(path), steps=2)
+        check_task(str(path), steps=2)
     message = str(caught.value)
     assert "\n" not in message and "Fix:" in message
     return message

@@ -16,7 +16,7 @@ from tuner.errors import TaskError
 from tuner.judging.verdict import Verdict, judge
 from tuner.search.proposer import repair_for
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.probe import probe_task
+from tuner.worker.check.task_check import check_task
 from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
@@ -74,7 +74,7 @@ def test_the_guides_gan_trains_with_each_optimizer_scaled_and_each_loss_recorded
 
 
 def test_the_diagnostics_trace_each_sub_model_through_the_train_step():
-    info = probe_task(DCGAN, steps=3, diagnose_steps=2)
+    info = check_task(DCGAN, steps=3, diagnose_steps=2)
     diagnostics = info["diagnostics"]
     assert "unavailable" not in diagnostics, diagnostics.get("unavailable")
     layers = {layer["layer"]: layer for layer in diagnostics["layers"]}
@@ -168,7 +168,7 @@ def test_compile_models_mistakes_are_refused_in_one_line(tmp_path, compile_model
     path.write_text(f"{head}def compile_model(model, wrap_optimizer):\n{compile_model}\n\n\n"
                     f"def train_data():{rest}")
     with pytest.raises(TaskError) as refused:
-        probe_task(str(path), steps=2)
+        check_task(str(path), steps=2)
     assert expected in str(refused.value) and "\n" not in str(refused.value)
     failed = trial(str(path), PrecisionConfig(), steps=2)
     assert failed.failure_class is FailureClass.TASK_ERROR and expected in failed.failure_message

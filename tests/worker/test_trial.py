@@ -9,7 +9,7 @@ from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.judging.verdict import Verdict, judge
-from tuner.worker.probe import probe_task
+from tuner.worker.check.task_check import check_task
 from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
@@ -111,12 +111,12 @@ def test_slow_trials_stop_early(task_path):
 
 
 def test_probe_describes_the_task_and_refuses_bad_ones(task_path):
-    info = probe_task(task_path("subclassed"), 10)
+    info = check_task(task_path("subclassed"), 10)
     assert info["style"] == "subclassed" and info["batch_size"] == 32
     with pytest.raises(TaskError, match="must return a batched"):
-        probe_task(task_path("bad_data"), 10)
+        check_task(task_path("bad_data"), 10)
     with pytest.raises(TaskError, match="build_model\\(\\) in broken_build.py raised"):
-        probe_task(task_path("broken_build"), 10)
+        check_task(task_path("broken_build"), 10)
 
 
 # -- trials run what fit runs ---------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_divergence_is_located_by_replaying_the_same_steps(task_path):
 
 
 def test_probe_reports_what_each_group_and_pattern_selects(task_path):
-    info = probe_task(task_path("subclassed"), 4, patterns=("classifier/dense*", "nothing"))
+    info = check_task(task_path("subclassed"), 4, patterns=("classifier/dense*", "nothing"))
     matches = info["float32_matches"]
     assert info["parameters"] == 16 * 32 + 32 + 4 * 32 + 32 * 3 + 3  # built by a first call
     assert set(matches["groups"]) == {"normalization", "softmax", "attention", "embedding"}

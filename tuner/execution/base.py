@@ -51,7 +51,8 @@ class Executor(ABC):
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,
               diagnose_steps: int = 0) -> dict:
-        """Run the task-file checks that need TensorFlow (``tuner.worker.probe.probe_task``)."""
+        """Run the task-file checks that need TensorFlow
+        (``tuner.worker.check.task_check.check_task``)."""
 
     @abstractmethod
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:

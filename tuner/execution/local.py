@@ -86,7 +86,7 @@ class LocalProcessExecutor(Executor):
         """Run the task-file checks that need TensorFlow; raises TaskError on a bad task.
         Also reports which layers each float32 group and each of ``patterns`` selects, with
         ``ceiling`` each precision's speed on the worker's device, and with ``diagnose_steps``
-        the model's diagnostics (``tuner.worker.probe.probe_task``)."""
+        the model's diagnostics (``tuner.worker.check.task_check.check_task``)."""
         return self._call("checking the task", worker_process.probe, task_path, steps,
                           list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 

@@ -18,7 +18,7 @@ from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
 from tuner.worker.startup import import_frameworks
 from tuner.worker.trial.trial import run_trial
-from tuner.worker.probe import probe_task
+from tuner.worker.check.task_check import check_task
 
 # TensorFlow's C++ logging would otherwise flood the terminal from the worker.
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
@@ -72,7 +72,7 @@ def probe(task_path: str, steps: int, patterns: list[str], ceiling: bool,
           diagnose_steps: int) -> dict:
     from tuner.worker.task.task_loader import task_file_here  # numpy at import
 
-    return probe_task(task_file_here(task_path), steps, patterns, ceiling,
+    return check_task(task_file_here(task_path), steps, patterns, ceiling,
                       diagnose_steps)
 
 

@@ -1,7 +1,7 @@
 """The physical ceiling of each precision on the trial's device, timed as dense training steps.
 
-A 16-bit policy can only be as fast as the device's 16-bit arithmetic. The probe times the same
-dense layer's training step (the matrix product, bias and ReLU forward, and the gradient
+A 16-bit policy can only be as fast as the device's 16-bit arithmetic. This module times the
+same dense layer's training step (the matrix product, bias and ReLU forward, and the gradient
 products backward) in float32, bfloat16 and float16 on the device trials run on, and reports
 each one's speed relative to float32: the limit the picks are read against. The backward
 products matter: on this project's 2-core Xeon the float16 forward product runs at float32's
@@ -140,7 +140,7 @@ _measured: dict[str, dict] = {}    # device -> its figures, measured once per wo
 def prime() -> float:
     """Time the device's figures now, before any job asks: the service's warm pool has each
     worker do this once at start, one worker at a time, so that no job's first trial waits on
-    the probe. Seconds spent."""
+    the timing. Seconds spent."""
     started = time.perf_counter()
     # Timed, not read from the machine's cache: the pool's line says each worker timed them.
     _device_figures(_device(), fresh=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.worker.probe import probe_task
+from tuner.worker.check.task_check import check_task
 
 TASK = """
 import keras, numpy as np
@@ -22,7 +22,7 @@ def test_the_task_check_says_whether_the_optimizer_has_an_epsilon(tmp_path, opti
                                                                    has_epsilon):
     path = tmp_path / f"task_{has_epsilon}_{optimizer[:3]}.py"
     path.write_text(TASK + f"def make_optimizer():\n    return keras.optimizers.{optimizer}\n")
-    info = probe_task(str(path), steps=2)
+    info = check_task(str(path), steps=2)
     assert info["optimizer"] == {"class": optimizer.split("(")[0], "epsilon": has_epsilon}
 
 
@@ -67,7 +67,7 @@ def test_data_without_labels_trains_and_the_diagnostics_say_why_they_are_not_tak
     path.write_text(UNLABELLED + f"def train_data():\n    return {data}\n")
     batches = fixed_batches(load_task(str(path)), 3)
     assert [len(batch) for batch in batches] == [1, 1, 1]          # (x,): no y, no weights
-    info = probe_task(str(path), steps=3, diagnose_steps=2)
+    info = check_task(str(path), steps=3, diagnose_steps=2)
     assert info["style"] == "subclassed"
     assert info["diagnostics"]["unavailable"].startswith("the task's LOSS is None")
     assert conclusions(info["diagnostics"])[0].startswith("not taken: the task's LOSS is None")
@@ -86,7 +86,7 @@ def test_diagnostics_that_fail_on_a_model_are_reported_not_raised(tmp_path, monk
     monkeypatch.setattr(diagnose, "diagnose_model", broken)
     path = tmp_path / "task_plain.py"
     path.write_text(TASK)
-    info = probe_task(str(path), steps=2, diagnose_steps=2)
+    info = check_task(str(path), steps=2, diagnose_steps=2)
     diagnostics = info["diagnostics"]
     assert diagnostics["unavailable"] == \
         "RuntimeError: an exotic model the diagnostics cannot trace"
@@ -101,7 +101,7 @@ def test_a_diagnostics_failure_of_a_loss_none_task_is_reported_as_what_it_was(tm
 
     path = tmp_path / "unlabelled.py"
     path.write_text(UNLABELLED + "def train_data():\n    return X\n")
-    explained = probe_task(str(path), steps=3, diagnose_steps=2)["diagnostics"]["unavailable"]
+    explained = check_task(str(path), steps=3, diagnose_steps=2)["diagnostics"]["unavailable"]
     assert explained.startswith("the task's LOSS is None (its train_step computes the loss), "
                                 "so gradients cannot be traced outside it (ValueError: ")
 
@@ -109,7 +109,7 @@ def test_a_diagnostics_failure_of_a_loss_none_task_is_reported_as_what_it_was(tm
         raise RuntimeError("a layer the diagnostics cannot trace")
 
     monkeypatch.setattr(diagnose, "diagnose_model", broken)
-    info = probe_task(str(path), steps=3, diagnose_steps=2)
+    info = check_task(str(path), steps=3, diagnose_steps=2)
     assert info["diagnostics"]["unavailable"] == \
         "RuntimeError: a layer the diagnostics cannot trace"
 
@@ -136,7 +136,7 @@ def train_data():
     return np.ones((32, 4), dtype="float32")
 ''')
     with pytest.raises(TaskError) as refused:
-        probe_task(str(path), steps=2)
+        check_task(str(path), steps=2)
     message = str(refused.value)
     assert message.startswith("GAN from build_model() in no_call.py defines no call()")
     assert "Define compile_model(model, wrap_optimizer)" in message and "\n" not in message

@@ -14,7 +14,7 @@ from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.device.ceiling import largest_kernel, measure_ceiling
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.model_files import model_file_failure
+from tuner.worker.check.model_files import model_file_failure
 from tuner.worker.task.task_model import (batch_size_of, compile_by_task, has_forward_pass,
                                      watch_step)
 
@@ -26,7 +26,7 @@ def optimizer_facts(*optimizers) -> dict:
             "epsilon": all(hasattr(o, "epsilon") for o in optimizers)}
 
 
-def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
+def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
                ceiling: bool = False, diagnose_steps: int = 0) -> dict:
     """Check the task in the worker before anything is written; return a short description.
 
@@ -53,7 +53,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     task = load_task(task_path)
     batches = fixed_batches(task, steps)
     with PrecisionConfig().scope():
-        model, optimizers = _probe_build(task, batches[0])
+        model, optimizers = _build_checked(task, batches[0])
     style = ("sequential" if isinstance(model, keras.Sequential) else
              "functional" if type(model).__name__ == "Functional" else "subclassed")
     info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
@@ -77,7 +77,7 @@ def probe_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     return info
 
 
-def _probe_build(task, first_batch) -> tuple:
+def _build_checked(task, first_batch) -> tuple:
     """The task's model, built (a subclassed one called on the first batch; one the task
     compiles, or one without ``call()``, trained one watched step), and its optimizers."""
     import keras
@@ -94,7 +94,7 @@ def _probe_build(task, first_batch) -> tuple:
     if task.from_dataset:
         _refuse_unbatched(task, model, first_batch)
     if task.compile_model is not None or not has_forward_pass(model):
-        return model, _probe_step(task, model, first_batch)
+        return model, _step_checked(task, model, first_batch)
     if not model.built:  # a subclassed model creates its layers' weights on its first call
         x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch)
         try:
@@ -107,7 +107,7 @@ def _probe_build(task, first_batch) -> tuple:
     return model, [task.optimizer()]
 
 
-def _probe_step(task, model, first_batch) -> list:
+def _step_checked(task, model, first_batch) -> list:
     """A model the task compiles itself, or one without ``call()``: compiled (float32) and
     trained one step, watched (tuner.worker.task.task_model), on the first batch; what fails says
     so in one line; its optimizers. Without ``compile_model`` a model without ``call()`` is
