@@ -1,6 +1,7 @@
-"""The local worker program (tuner.worker.serve) and its driver side: answers, the worker's own
-exceptions, a crash with its exit code and reason, a time limit, a worker that dies before it
-can speak. (A script without a main guard tuned end to end: tests/test_python_api.py.)"""
+"""The local worker program (tuner.worker.programs.serve) and its driver side: answers, the
+worker's own exceptions, a crash with its exit code and reason, a time limit, a worker that dies
+before it can speak. (A script without a main guard tuned end to end:
+tests/test_python_api.py.)"""
 
 import operator
 import os

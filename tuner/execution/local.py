@@ -18,7 +18,7 @@ from tuner.errors import TrialInfrastructureError, TunerError, error_line
 from tuner.execution.base import Executor
 from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
-from tuner.worker import process as worker_process
+from tuner.worker.process import trial_worker as worker_process
 from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
 from tuner.worker.trial.trial import run_trial

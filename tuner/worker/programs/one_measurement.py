@@ -1,14 +1,14 @@
 """One measurement of ``precision-tuner bench``, as its own fresh process:
-``python -m tuner.worker.bench TASK CONFIG|float32 STEPS WARMUP [SEED]``.
+``python -m tuner.worker.programs.one_measurement TASK CONFIG|float32 STEPS WARMUP [SEED]``.
 
 It trains the task's model as a trial does: the task loaded by the worker's loader
 (``tuner.worker.task.task_loader``), the model built under the config's scope and compiled by
 ``compile_for_trial``, ``model.fit`` on the run's fixed batches with the trial's step timer
 (``tuner.worker.trial.steps``), in a process started as a trial's worker is
-(``tuner.worker.startup``), with TensorFlow's own thread settings, as the user's training has
-them. ``WARMUP`` steps (the first traces the training step) are trained and not timed;
-``STEPS`` more are. It writes one line on stdout, ``PT-BENCH {...}``: the timed step times
-(ms), their median, the last step's loss, the model's dtype policy, the outcome and the
+(``tuner.worker.process.startup``), with TensorFlow's own thread settings, as the user's
+training has them. ``WARMUP`` steps (the first traces the training step) are trained and not
+timed; ``STEPS`` more are. It writes one line on stdout, ``PT-BENCH {...}``: the timed step
+times (ms), their median, the last step's loss, the model's dtype policy, the outcome and the
 device. A bad task or config ends it with one line on stderr and exit 2.
 """
 
@@ -22,7 +22,7 @@ from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.startup import import_frameworks
+from tuner.worker.process.startup import import_frameworks
 from tuner.worker.trial.steps import fit_steps, step_recorder
 from tuner.worker.task.task_loader import fixed_batches, load_task
 from tuner.worker.task.task_model import compile_for_trial

@@ -1,4 +1,4 @@
-"""The local executor's worker as a program of its own: ``python -m tuner.worker.serve FD``.
+"""The local executor's worker as a program of its own: ``python -m tuner.worker.programs.serve FD``.
 
 It is started with ``subprocess`` (tuner.execution.local_worker), not with multiprocessing:
 multiprocessing's spawn re-runs the caller's ``__main__`` in the child, so a plain script that
@@ -22,7 +22,7 @@ import pickle
 import sys
 from multiprocessing.connection import Connection
 
-from tuner.worker.process import start_local_worker
+from tuner.worker.process.trial_worker import start_local_worker
 
 
 def _sendable(exc: BaseException) -> BaseException:

@@ -1,12 +1,13 @@
 """One whole training of a task under a config with the precision guard (or in float32), run as
-its own process by ``precision-tuner train``: ``python -m tuner.worker.guarded_train TASK
-CONFIG|float32 EPOCHS [--no-guard]``. It trains as a user's script does (the public API:
-``cfg.scope()``, ``cfg.wrap_optimizer()``, ``cfg.guard()``), validates every epoch on the
-task's ``val_data()`` (without one, on the last 20% of NumPy training data, which it then does
-not train on; without labels either, it does not validate: the training loss is compared),
-keeps the data's sample weights, and
-writes one line per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``: the
-history, the guard's events and the amended config) on stdout (tuner.apply.guard.mlflow_record).
+its own process by ``precision-tuner train``:
+``python -m tuner.worker.programs.one_training TASK CONFIG|float32 EPOCHS [--no-guard]``.
+
+It trains as a user's script does (the public API: ``cfg.scope()``, ``cfg.wrap_optimizer()``,
+``cfg.guard()``), validates every epoch on the task's ``val_data()`` (without one, on the last
+20% of NumPy training data, which it then does not train on; without labels either, it does not
+validate: the training loss is compared), keeps the data's sample weights, and writes one line
+per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``: the history, the guard's
+events and the amended config) on stdout (tuner.apply.guard.mlflow_record).
 """
 
 from __future__ import annotations

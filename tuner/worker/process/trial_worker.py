@@ -1,6 +1,6 @@
 """What a worker process is, for either executor: started once, then runs specs.
 
-The local executor's worker program (tuner.worker.serve) starts with ``start_local_worker`` (an
+The local executor's worker program (tuner.worker.programs.serve) starts with ``start_local_worker`` (an
 exit when its driver dies, the frameworks imported once); a Ray actor is a ``TrialWorker``
 (tuner.execution.ray_pool wraps it in ``ray.remote``), which also sizes TensorFlow's thread
 pools to its share of the node and turns on GPU memory growth. Everything here runs inside the
@@ -16,7 +16,7 @@ import time
 from tuner.worker.device.ceiling import prime
 from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
-from tuner.worker.startup import import_frameworks
+from tuner.worker.process.startup import import_frameworks
 from tuner.worker.trial.trial import run_trial
 from tuner.worker.check.task_check import check_task
 
@@ -34,7 +34,7 @@ def _exit_with_parent() -> None:
 
 
 def start_local_worker() -> None:
-    """The local executor's worker program (tuner.worker.serve), before its first request. Its
+    """The local executor's worker program (tuner.worker.programs.serve), before its first request. Its
     stdout and stderr (TensorFlow and Keras chatter, user prints) are the worker log already."""
     os.environ.update(WORKER_ENV)
     threading.Thread(target=_exit_with_parent, daemon=True).start()
