@@ -1,4 +1,6 @@
-"""What a worker process does once, before its first trial: import the frameworks, then freeze.
+"""What a worker process does once, before its first trial: import the frameworks, then freeze,
+then set up the devices (``configure_devices``: GPU memory that grows, TensorFlow's threads).
+``WORKER_ENV`` is the environment the driver starts a worker program with.
 
 Two costs of every tune's start-up, measured on the 2-core CPU machine:
 
@@ -23,6 +25,8 @@ import gc
 import importlib
 import sys
 
+# TensorFlow's C++ logging would otherwise flood the terminal from the worker.
+WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 # Optional packages Keras imports at its own import time for features no trial uses.
 _NOT_FOR_TRIALS = ("sklearn", "matplotlib")
 
@@ -41,3 +45,17 @@ def import_frameworks() -> None:
                 del sys.modules[name]
     gc.collect()
     gc.freeze()
+
+
+def configure_devices(threads: int | None, use_gpu: bool) -> None:
+    """Before TensorFlow runs its first op: GPU memory that grows as it is used (a trial after
+    another, and the user's other processes, find it free), and ``threads`` for the host's
+    work (None: TensorFlow's default, every core)."""
+    import tensorflow as tf
+
+    if use_gpu:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
