@@ -7,8 +7,8 @@ import pytest
 
 from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.judging.verdict import Verdict, judge
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.check.task_check import check_task
 from tuner.worker.trial.trial import run_trial
 

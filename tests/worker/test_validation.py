@@ -6,8 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from tuner.worker.task.task_loader import (VAL_BATCHES, fixed_batches, load_task,
-                                      validation_batches)
+from tuner.worker.task.task_loader import VAL_BATCHES, fixed_batches, load_task, validation_batches
 from tuner.worker.trial.validation import evaluate
 
 MODEL = """

@@ -2,10 +2,10 @@
 
 The device's own figures (``tuner.worker.device.ceiling``: the 256-wide step and the peak)
 describe the hardware and TensorFlow's kernels for it, not the model: every tune on the same
-machine, the same device, the same TensorFlow and the same thread count measures the same thing. They cost
-0.8 s of every tune's start-up on this project's 2-core CPU, a few percent of a quick tune's wall
-time. Kept here, keyed by all four, for ``MAX_AGE_S``; a run that reuses them says so, with when
-they were taken and where they are kept (delete the file to measure again).
+machine, the same device, the same TensorFlow and the same thread count measures the same thing.
+They cost 0.8 s of every tune's start-up on this project's 2-core CPU, a few percent of a quick
+tune's wall time. Kept here, keyed by all four, for ``MAX_AGE_S``; a run that reuses them says
+so, with when they were taken and where they are kept (delete the file to measure again).
 
 The file is ``$PRECISION_TUNER_CACHE_DIR/ceiling.json``, by default under ``$XDG_CACHE_HOME``
 (``~/.cache/precision-tuner``). A file that cannot be read or written is ignored: the ceiling

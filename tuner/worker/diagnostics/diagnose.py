@@ -29,9 +29,9 @@ from typing import Any
 
 from tuner.errors import first_line
 from tuner.worker.diagnostics.diagnose_steps import diagnose_by_steps
-from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.diagnostics.layer_ranges import diagnostics_from, record_step, unavailable
 from tuner.worker.diagnostics.layer_watch import LayerWatch, forward_findings
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_model import has_forward_pass
 
 

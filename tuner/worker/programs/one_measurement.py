@@ -20,12 +20,12 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.trial.error_reading import classify_on
-from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.process.startup import import_frameworks
-from tuner.worker.trial.steps import fit_steps, step_recorder
+from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_loader import fixed_batches, load_task
 from tuner.worker.task.task_model import compile_for_trial
+from tuner.worker.trial.error_reading import classify_on
+from tuner.worker.trial.steps import fit_steps, step_recorder
 
 class Failed(Exception):
     """The model failed to train under the config; the message is one line."""

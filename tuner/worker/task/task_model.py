@@ -17,7 +17,8 @@ non-finite layer, the diagnostics) watch a training step instead (``watch_step``
 on a batch as ``fit`` hands it over, it calls every sub-model (a generator, a discriminator)
 on exactly what the ``train_step`` feeds it.
 
-Keras is imported where it is used: the driver imports tuner.worker.trial.trial, which uses this.
+Keras is imported where it is used: the driver imports the worker's face
+(tuner.worker.process.trial_worker), which imports this.
 """
 
 from __future__ import annotations

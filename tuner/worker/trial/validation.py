@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from tuner.errors import first_line
-from tuner.worker.trial.steps import batch_dataset
 from tuner.worker.task.task_model import has_forward_pass
+from tuner.worker.trial.steps import batch_dataset
 
 
 def validate(task, model, pool: int) -> dict[str, Any]:
