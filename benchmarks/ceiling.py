@@ -1,5 +1,5 @@
 """Which 16-bit dtype is fast on this machine: the tuner's own ceiling probe
-(tuner.worker.ceiling, the figures every tune prints before its first trial), run in fresh
+(tuner.worker.device.ceiling, the figures every tune prints before its first trial), run in fresh
 processes, with the machine it ran on.
 
     python benchmarks/ceiling.py [--name cpu-epyc] [--runs 3]
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "f16c")
 CHILD = ("import json, os; os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3'); "
-         "from tuner.worker.ceiling import measure_ceiling; import tensorflow as tf; "
+         "from tuner.worker.device.ceiling import measure_ceiling; import tensorflow as tf; "
          "gpus = tf.config.list_physical_devices('GPU'); "
          "gpu = tf.config.experimental.get_device_details(gpus[0]).get('device_name') "
          "if gpus else None; "

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The device's ceiling figures are kept per machine (tuner.worker.ceiling_cache): the suite
+# The device's ceiling figures are kept per machine (tuner.worker.device.ceiling_cache): the suite
 # keeps its own, fresh for each run, never the developer's.
 if "PRECISION_TUNER_CACHE_DIR" not in os.environ:
     import tempfile

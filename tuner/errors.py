@@ -71,7 +71,7 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 
 def error_line(exc: BaseException) -> str:
     """``Type: first line`` of what a worker raised. A Ray task error's own text begins with
-    the actor's repr (``ray::TrialActor.probe() (pid=...)``), so its ``cause`` is read."""
+    the actor's repr (``ray::TrialActor.check_task() (pid=...)``), so its ``cause`` is read."""
     cause = getattr(exc, "cause", None)
     exc = cause if isinstance(cause, BaseException) else exc
     return f"{type(exc).__name__}: {first_line(exc)}"

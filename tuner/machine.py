@@ -1,5 +1,5 @@
 """The machine a run took its figures on, named the same way everywhere: the run's records,
-the ceiling cache's key (tuner.worker.ceiling_cache) and the benchmarks' results files. Plain
+the ceiling cache's key (tuner.worker.device.ceiling_cache) and the benchmarks' results files. Plain
 Python, no heavy imports: both the driver and the worker use it."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The lines a process the driver starts writes on stdout for it to read: a kind word, then the
 figures as JSON, on one line (everything else the process prints is left alone). Written by
-tuner.worker.guarded_train (an epoch's figures, the result) and tuner.worker.bench (one
-measurement); read by tuner.run.guarded_training and tuner.run.bench. Plain data.
+tuner.worker.programs.one_training (an epoch's figures, the result) and
+tuner.worker.programs.one_measurement (one measurement); read by tuner.run.guarded_training
+and tuner.run.bench. Plain data.
 """
 
 from __future__ import annotations

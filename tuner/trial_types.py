@@ -55,7 +55,7 @@ class TrialSpec:
     # Layers that take continuous features a 16-bit cast erases (diagnostics'
     # ``continuous_inputs``): checked the same way.
     continuous_inputs: list[dict[str, Any]] = field(default_factory=list)
-    # Keep the trained model alive in the worker for the re-measurement (tuner.worker.live).
+    # Keep the trained model alive in the worker for the re-measurement (tuner.worker.trial.live).
     keep_live: bool = False
     # tuner.judging.sizing.Sizing.to_dict(): train past ``steps`` until the timing and the loss
     # comparison are precise enough (the float32 baseline of a run without --steps).
@@ -103,7 +103,7 @@ class TrialResult:
     stop_reason: str = ""     # why the worker stopped early (too slow), with the numbers
     sized_by: str = ""        # a sized run: why it stopped where it did (tuner.judging.sizing)
     time_bounded_s: float | None = None  # stopped at its spec's time bound (that many seconds)
-    # What training needs, counted from the model's tensors (tuner.worker.memory).
+    # What training needs, counted from the model's tensors (tuner.worker.trial.memory).
     training_memory: dict[str, Any] | None = None
     memory_error: str = ""    # why training_memory could not be counted
     warmup_steps: int = 0
@@ -117,7 +117,7 @@ class TrialResult:
     wall_s: float = 0.0       # whole trial on the worker
     node: str = ""
     exclusive_timing: bool = True
-    # The evaluation on the validation batches (tuner.worker.validation): loss, per-batch
+    # The evaluation on the validation batches (tuner.worker.trial.validation): loss, per-batch
     # losses, metrics, source; None when the run did not validate.
     validation: dict[str, Any] | None = None
     trained_steps: int | None = None   # a live model: the steps it has trained in all

@@ -142,7 +142,7 @@ def test_a_task_from_python_is_a_small_file_its_data_a_file_beside_it(tmp_path):
 
     from tuner.api.task_writer import task_objects, write_task
     from tuner.errors import TaskError
-    from tuner.worker.task_loader import load_task
+    from tuner.worker.task.task_loader import load_task
 
     x = np.arange(500_000, dtype="float32").reshape(1000, 500)    # 2 MB
     y = np.arange(1000, dtype="int64")
@@ -190,7 +190,7 @@ def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
     from tuner.api.task_writer import task_objects, write_task
     from tuner.execution.ray_pool import RayExecutor
     from tuner.trial_types import TrialSpec
-    from tuner.worker import task_loader
+    from tuner.worker.task import task_loader
 
     x = np.ones((1000, 500), "float32")              # 2 MB
     path = write_task(tmp_path / "from_python.py", task_objects(lambda: None, (x, x), "mse"))
@@ -239,7 +239,7 @@ def test_loss_none_is_a_choice_and_a_missing_loss_is_refused(tmp_path):
     import numpy as np
 
     from tuner.api.task_writer import task_objects, write_task
-    from tuner.worker.task_loader import load_task
+    from tuner.worker.task.task_loader import load_task
 
     with pytest.raises(UsageError, match="missing: loss"):
         tuner.tune(build_model=lambda: None, train_data=([1.0], [1.0]), run_dir=tmp_path / "r")

@@ -117,7 +117,7 @@ def test_a_jobs_task_check_on_a_borrowed_worker_takes_turns_with_timed_phases(mo
             return book.end("B", name)
 
     class Worker:
-        class probe:
+        class check_task:
             @staticmethod
             def remote(*args):
                 events.append("checked")

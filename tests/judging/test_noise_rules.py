@@ -173,7 +173,7 @@ def test_the_averaging_window_is_never_one_step():
 
 # -- early stopping ---------------------------------------------------------------------------
 def early(times, limit, steps=30, warmup=5):
-    from tuner.worker.steps import too_slow_reason
+    from tuner.judging.early_stop import too_slow_reason
 
     spec = TrialSpec(1, "t.py", {}, steps, warmup, stop_if_slower_than_ms=limit)
     partial = TrialResult(1, TrialOutcome.COMPLETED, step_times_ms=list(times),

@@ -2,7 +2,8 @@
 
 - Subpackages by role, in one order: a module imports only from its own layer or the layers
   below it (``LAYERS``). Core modules (``tuner/*.py``) are the bottom; the package's own
-  ``__init__`` (the public API) and ``__main__`` the top.
+  ``__init__`` (the public API) and ``__main__`` the top. A layer kept in sub-packages by role
+  (``ROOMS``: the worker's) holds them in one order too.
 - Only ``tuner.apply`` and ``tuner.worker`` import TensorFlow or Keras (the driver never does).
 - No cycles among the modules' top-level imports, and no function-local import of a tuner
   module except to defer a heavy third-party import (TensorFlow, Keras, Ray, MLflow, Optuna,
@@ -10,6 +11,7 @@
   other commands need not import).
 - No module over 300 lines and no function over 60 without a reason at the module's top
   (a line of its docstring containing "Past 300 lines" or "Past 60 lines").
+- Every subpackage says what it owns, and no two modules share a file name.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS = ["core", "apply", "judging", "search", "records", "worker", "execution", "run",
           "service", "api", "cli", "public"]   # public: the package's own __init__ and __main__
+# A layer's sub-packages by role, bottom first: each imports only from itself and those before it.
+ROOMS = {"worker": ["task", "device", "diagnostics", "trial", "check", "process", "programs"]}
 HEAVY = {"tensorflow", "keras", "ray", "mlflow", "optuna", "matplotlib", "rich", "numpy",
          "selenium", "pandas"}
 TENSORFLOW = {"tensorflow", "keras"}
@@ -90,15 +94,29 @@ def _internal(name: str) -> str | None:
     return name or None
 
 
+def _room(module: str) -> str:
+    """The sub-package by role a module stands in, where its layer has them (``ROOMS``)."""
+    parts = module.split(".")
+    return parts[2] if _layer(module) in ROOMS and len(parts) > 2 else ""
+
+
+def _rank(module: str) -> tuple[int, int]:
+    rooms = ROOMS.get(_layer(module), [])
+    return LAYERS.index(_layer(module)), rooms.index(_room(module)) if _room(module) else -1
+
+
 def test_imports_point_one_way():
-    wrong = []
+    wrong = [f"{path.relative_to(PACKAGE.parent)}: not in a sub-package that ROOMS orders"
+             for module, path in MODULES.items()
+             if _room(module) and _room(module) not in ROOMS[_layer(module)]]
     for module, path in MODULES.items():
-        mine = LAYERS.index(_layer(module))
         for name, _, line in _imports(path):
             target = _internal(name) if name.startswith("tuner") else None
-            if target and target != "tuner" and LAYERS.index(_layer(target)) > mine:
-                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({_layer(module)}) "
-                             f"imports {target} ({_layer(target)})")
+            if target and target != "tuner" and _rank(target) > _rank(module):
+                where = {m: _layer(m) + (f"/{_room(m)}" if _room(m) else "")
+                         for m in (module, target)}
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({where[module]}) "
+                             f"imports {target} ({where[target]})")
     assert not wrong, "\n".join(wrong)
 
 
@@ -196,9 +214,17 @@ def test_modules_and_functions_stay_small_or_say_why():
 
 
 def test_every_subpackage_says_what_it_owns():
-    for layer in LAYERS[1:-1]:
-        docstring = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
-        assert docstring and len(docstring) > 100, layer
+    subpackages = LAYERS[1:-1] + [f"{layer}/{room}" for layer in ROOMS for room in ROOMS[layer]]
+    for subpackage in subpackages:
+        init = PACKAGE / subpackage / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        assert docstring and len(docstring) > 100, subpackage
+    names: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.name, []).append(module)
+    shared = {name: found for name, found in names.items() if len(found) > 1}
+    assert not shared, f"modules that share a file name: {shared}"
 
 
 def test_the_driver_imports_no_tensorflow_or_keras():

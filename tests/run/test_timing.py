@@ -76,7 +76,7 @@ def test_the_ceiling_prints_the_peak_the_models_shape_and_what_the_skip_rule_rea
 def test_the_largest_kernel_is_found_in_nested_and_convolutional_models():
     import keras
 
-    from tuner.worker.ceiling import largest_kernel
+    from tuner.worker.device.ceiling import largest_kernel
 
     inner = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1000, name="wide")],
                              name="inner")
@@ -117,7 +117,7 @@ def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(t
 
 def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(monkeypatch,
                                                                             tmp_path):
-    from tuner.worker import ceiling
+    from tuner.worker.device import ceiling
 
     monkeypatch.setenv("PRECISION_TUNER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ceiling, "_measured", {})
@@ -150,7 +150,7 @@ def test_figures_primed_before_a_job_are_reused_and_say_when_they_were_taken(mon
 def test_the_probe_times_its_dtypes_in_turns_and_an_emulated_one_leaves_early(monkeypatch):
     """The machine's drift must fall on every dtype alike: the steps run float32, bfloat16,
     float16, float32, ... and a dtype whose steps took the time cap leaves the turns."""
-    from tuner.worker import ceiling
+    from tuner.worker.device import ceiling
 
     clock, order = [0.0], []
     cost_s = {"float32": 2.0 ** -9, "bfloat16": 2.0 ** -10, "float16": 0.5}  # float16 emulated

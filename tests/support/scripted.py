@@ -15,13 +15,13 @@ from typing import Callable
 
 from tuner.apply.config import PrecisionConfig
 from tuner.execution.base import Executor
+from tuner.judging.early_stop import time_bound_reached, too_slow_reason
 from tuner.judging.objective import Objective
 from tuner.run.plan import Remeasurement, RunPlan
 from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
 from tuner.search.space_files import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.steps import time_bound_reached, too_slow_reason
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Machine:
             result.step_times_ms.append(elapsed)
             result.losses.append(loss)
             result.loss_scales.append(None)
-            # The worker's own early stop (tuner.worker.steps), on the limit the spec carries.
+            # The worker's own early stop (tuner.judging.early_stop), on the limit the spec carries.
             reason = too_slow_reason(result, spec, step, elapsed)
             if reason:
                 result.outcome, result.stop_reason = TrialOutcome.STOPPED_SLOW, reason

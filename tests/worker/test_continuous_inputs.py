@@ -8,8 +8,8 @@ import pytest
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.continuous_inputs import NEGLIGIBLE_BELOW, erased_features, negligible
-from tuner.worker.trial import run_trial
+from tuner.worker.diagnostics.continuous_inputs import NEGLIGIBLE_BELOW, erased_features, negligible
+from tuner.worker.trial.trial import run_trial
 
 ROOT = Path(__file__).parent.parent.parent
 GEO = str(ROOT / "tests" / "suites" / "quality" / "geo_coordinates.py")
@@ -24,7 +24,7 @@ TASKS = sorted(str(path.relative_to(ROOT)) for path in
 
 @pytest.fixture(scope="module")
 def geo_diagnostics():
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     return diagnose_task(GEO, steps=3)
 
@@ -82,7 +82,7 @@ def test_the_residual_regressors_dead_sensor_is_recorded_apart():
     which this keeps true to what the worker measures."""
     import json
 
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     diagnostics = diagnose_task(str(RESIDUAL), steps=3)
     saved = json.loads(RESIDUAL.with_suffix(".diagnostics.json").read_text())
@@ -133,9 +133,9 @@ def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_no_example_or_zoo_model_has_an_erased_input(task):
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
-    from tuner.worker.task_loader import load_task
+    from tuner.worker.task.task_loader import load_task
 
     diagnostics = diagnose_task(str(ROOT / task), steps=3)
     # Taken, not skipped: a diagnostics crash would leave the list empty too.
@@ -150,7 +150,7 @@ def test_no_example_or_zoo_model_has_an_erased_input(task):
 def test_where_gradients_cannot_be_traced_the_input_checks_are_still_taken(monkeypatch):
     """A diagnostics failure says what it was and keeps the forward-pass checks: the
     coordinates are still named, and the layer is still a candidate."""
-    from tuner.worker import diagnose
+    from tuner.worker.diagnostics import diagnose
 
     def broken(*args, **kwargs):
         raise RuntimeError("an exotic model the diagnostics cannot trace")
@@ -169,8 +169,8 @@ def _normalized_longitudes(cfg) -> int:
     import keras
 
     from tuner.apply.layers import hook_layer_calls
-    from tuner.worker.task_loader import load_task
-    from tuner.worker.trial import reset_keras_state
+    from tuner.worker.task.task_loader import load_task
+    from tuner.worker.task.keras_state import reset_keras_state
 
     reset_keras_state(0)
     task = load_task(GEO)

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from tuner.worker.diagnose import (FLOAT16_MAX, diagnose_task,
-                                   recommend_loss_scale, tensor_stats)
+from tuner.judging.layer_risk import FLOAT16_MAX, recommend_loss_scale
+from tuner.worker.diagnostics.diagnose import diagnose_task
+from tuner.worker.diagnostics.layer_ranges import tensor_stats
 
 
 def by_name(diagnostics):

@@ -2,8 +2,8 @@
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker import live, live_models
-from tuner.worker.trial import run_trial
+from tuner.worker.trial import live, live_models
+from tuner.worker.trial.trial import run_trial
 
 
 def _spec(path, cfg, **extra):

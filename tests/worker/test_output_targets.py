@@ -8,7 +8,7 @@ import pytest
 
 from tuner.records.diagnostics_report import conclusions
 from tuner.search.space_files import load_space
-from tuner.worker.output_targets import _elementwise, _needs_float32
+from tuner.worker.diagnostics.output_targets import _elementwise, _needs_float32
 
 ROOT = Path(__file__).parent.parent.parent
 HOUSES = str(ROOT / "examples" / "house_prices.py")
@@ -32,7 +32,7 @@ def test_range_and_resolution_decide_which_compute_dtypes_need_a_float32_head():
 
 @pytest.fixture(scope="module")
 def houses():
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     return diagnose_task(HOUSES, steps=3)
 
@@ -48,7 +48,7 @@ def test_a_dollar_valued_regression_names_its_head_for_float16_only(houses):
 
 
 def test_a_head_without_weights_is_kept_with_the_layer_that_feeds_it(tmp_path):
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     task = tmp_path / "scaled_head.py"
     task.write_text('''
@@ -76,7 +76,7 @@ def train_data():
 
 
 def test_a_classifier_has_no_head_to_keep():
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     assert diagnose_task(str(ROOT / "examples" / "digits_mlp.py"), steps=2)["output_heads"] == []
 

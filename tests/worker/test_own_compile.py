@@ -16,8 +16,8 @@ from tuner.errors import TaskError
 from tuner.judging.verdict import Verdict, judge
 from tuner.search.proposer import repair_for
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.worker.check.task_check import check_task
+from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 DCGAN = str(ROOT / "examples" / "dcgan.py")
@@ -74,7 +74,7 @@ def test_the_guides_gan_trains_with_each_optimizer_scaled_and_each_loss_recorded
 
 
 def test_the_diagnostics_trace_each_sub_model_through_the_train_step():
-    info = probe_task(DCGAN, steps=3, diagnose_steps=2)
+    info = check_task(DCGAN, steps=3, diagnose_steps=2)
     diagnostics = info["diagnostics"]
     assert "unavailable" not in diagnostics, diagnostics.get("unavailable")
     layers = {layer["layer"]: layer for layer in diagnostics["layers"]}
@@ -92,7 +92,7 @@ def test_float32_placement_reaches_a_sub_models_layer_by_path():
     placed = PrecisionConfig(policy="mixed_bfloat16",
                              float32=Float32Placement(layers=("discriminator/dense",)))
     with placed.scope() as placer:
-        from tuner.worker.task_loader import load_task
+        from tuner.worker.task.task_loader import load_task
 
         model = load_task(DCGAN).build_model()
     policies = {layer.name: layer.dtype_policy.name for layer in model.discriminator.layers}
@@ -168,7 +168,7 @@ def test_compile_models_mistakes_are_refused_in_one_line(tmp_path, compile_model
     path.write_text(f"{head}def compile_model(model, wrap_optimizer):\n{compile_model}\n\n\n"
                     f"def train_data():{rest}")
     with pytest.raises(TaskError) as refused:
-        probe_task(str(path), steps=2)
+        check_task(str(path), steps=2)
     assert expected in str(refused.value) and "\n" not in str(refused.value)
     failed = trial(str(path), PrecisionConfig(), steps=2)
     assert failed.failure_class is FailureClass.TASK_ERROR and expected in failed.failure_message
@@ -179,8 +179,8 @@ def test_the_guard_watches_each_optimizer_a_model_trains_with():
     watches both (their scales in its history) and leaves a healthy training alone."""
     import numpy as np
 
-    from tuner.worker.task_loader import load_task
-    from tuner.worker.task_model import compile_for_trial
+    from tuner.worker.task.task_loader import load_task
+    from tuner.worker.task.task_model import compile_for_trial
 
     from tuner.apply.config import LossScale
 

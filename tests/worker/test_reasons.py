@@ -7,8 +7,8 @@ import pytest
 
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.failures import classify, layer_for_node, read_error
-from tuner.worker.trial import run_trial
+from tuner.worker.trial.error_reading import classify, layer_for_node, read_error
+from tuner.worker.trial.trial import run_trial
 
 ZOO = Path(__file__).parent.parent / "suites" / "zoo"
 FLOAT_IDS = str(ZOO / "float_token_ids.py")
@@ -21,7 +21,7 @@ def _trial(path, cfg, steps=6, **extra):
 
 @pytest.fixture(scope="module")
 def float_ids_diagnostics():
-    from tuner.worker.diagnose import diagnose_task
+    from tuner.worker.diagnostics.diagnose import diagnose_task
 
     return diagnose_task(FLOAT_IDS, steps=1)
 

@@ -7,10 +7,10 @@ import pytest
 
 from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.judging.verdict import Verdict, judge
-from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.check.task_check import check_task
+from tuner.worker.trial.trial import run_trial
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 
@@ -33,14 +33,14 @@ def test_float32_trial_records_every_step(task_path):
     assert result.trace_s == pytest.approx(result.step_times_ms[0] / 1000)
     assert result.train_s == pytest.approx(sum(result.step_times_ms[1:]) / 1000)
     assert result.wall_s >= result.setup_s + result.trace_s + result.train_s
-    # What the process used (tuner.worker.memory.MemoryMeter): a CPU's RSS growth here.
+    # What the process used (tuner.worker.trial.memory.MemoryMeter): a CPU's RSS growth here.
     assert result.memory_source == "host_rss_growth"
     assert isinstance(result.peak_memory_bytes, int) and result.peak_memory_bytes >= 0
     assert result.training_memory["total_bytes"] > 0 and result.memory_error == ""
 
 
 def test_a_memory_count_that_fails_says_why(task_path, monkeypatch):
-    from tuner.worker import trial as worker_trial
+    from tuner.worker.trial import trial as worker_trial
 
     def broken(model, optimizer, x):
         raise TypeError("an eager call of the model raised")
@@ -111,12 +111,12 @@ def test_slow_trials_stop_early(task_path):
 
 
 def test_probe_describes_the_task_and_refuses_bad_ones(task_path):
-    info = probe_task(task_path("subclassed"), 10)
+    info = check_task(task_path("subclassed"), 10)
     assert info["style"] == "subclassed" and info["batch_size"] == 32
     with pytest.raises(TaskError, match="must return a batched"):
-        probe_task(task_path("bad_data"), 10)
+        check_task(task_path("bad_data"), 10)
     with pytest.raises(TaskError, match="build_model\\(\\) in broken_build.py raised"):
-        probe_task(task_path("broken_build"), 10)
+        check_task(task_path("broken_build"), 10)
 
 
 # -- trials run what fit runs ---------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_batches_keep_the_structure_of_the_data(tmp_path):
     import numpy as np
     import tensorflow as tf
 
-    from tuner.worker.task_loader import Task, fixed_batches
+    from tuner.worker.task.task_loader import Task, fixed_batches
 
     x, y = np.ones((64, 3), "float32"), np.zeros(64, "int32")
     weights = np.ones(64, "float32")
@@ -153,8 +153,8 @@ def test_a_guide_style_train_step_gets_what_fit_gives_it():
 
 
 def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
-    from tuner.worker.task_loader import fixed_batches, load_task
-    from tuner.worker.trial import reset_keras_state
+    from tuner.worker.task.task_loader import fixed_batches, load_task
+    from tuner.worker.task.keras_state import reset_keras_state
 
     result = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=6)
     reset_keras_state(0)  # replay: train_on_batch resets the metrics before every step
@@ -172,7 +172,7 @@ def test_divergence_is_located_by_replaying_the_same_steps(task_path):
 
 
 def test_probe_reports_what_each_group_and_pattern_selects(task_path):
-    info = probe_task(task_path("subclassed"), 4, patterns=("classifier/dense*", "nothing"))
+    info = check_task(task_path("subclassed"), 4, patterns=("classifier/dense*", "nothing"))
     matches = info["float32_matches"]
     assert info["parameters"] == 16 * 32 + 32 + 4 * 32 + 32 * 3 + 3  # built by a first call
     assert set(matches["groups"]) == {"normalization", "softmax", "attention", "embedding"}

@@ -1,14 +1,13 @@
-"""The validation batches (tuner.worker.task_loader) and the evaluation on them
-(tuner.worker.validation): where they come from, that no trial trains on them, and what a
+"""The validation batches (tuner.worker.task.task_loader) and the evaluation on them
+(tuner.worker.trial.validation): where they come from, that no trial trains on them, and what a
 model that cannot be evaluated gives."""
 
 import keras
 import numpy as np
 import pytest
 
-from tuner.worker.task_loader import (VAL_BATCHES, fixed_batches, load_task,
-                                      validation_batches)
-from tuner.worker.validation import evaluate
+from tuner.worker.task.task_loader import VAL_BATCHES, fixed_batches, load_task, validation_batches
+from tuner.worker.trial.validation import evaluate
 
 MODEL = """
 import keras, numpy as np

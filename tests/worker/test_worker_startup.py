@@ -1,4 +1,4 @@
-"""The worker's one-time start-up (tuner.worker.startup), in a fresh interpreter: the
+"""The worker's one-time start-up (tuner.worker.process.startup), in a fresh interpreter: the
 frameworks are imported, the collector skips what they left alive, and a task file can still
 import the packages Keras was kept from importing."""
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import gc, json, sys
-from tuner.worker.startup import import_frameworks
+from tuner.worker.process.startup import import_frameworks
 import_frameworks()
 seen = {"keras": "keras" in sys.modules, "tensorflow": "tensorflow" in sys.modules,
         "frozen": gc.get_freeze_count(),

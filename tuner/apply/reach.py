@@ -3,14 +3,14 @@
 A config that sets ``mixed_bfloat16`` can leave a model in float32: a model loaded before the
 config's scope opened, layers built with ``dtype="float32"`` written in their code, a library
 that passes its own dtype down. Such a trial trains float32 and looks like a slow 16-bit
-config; the tool must say so instead (tuner.worker.trial fails it as ``precision_unreached``,
+config; the tool must say so instead (tuner.worker.trial.trial fails it as ``precision_unreached``,
 the guard and ``precision-tuner train`` warn).
 
 ``precision_reach(model, policy, origin_of)`` counts, as plain data, the model's parameters by
 the compute dtype of the layer that owns them (each weight once, at the innermost layer that
 created it), and names the layers outside the 16-bit dtype with where their dtype came from
 (tuner.apply.dtype_origins). ``activation_share`` reads the activations' share from the
-trial's memory record (tuner.worker.memory), which counts every layer call's float outputs.
+trial's memory record (tuner.worker.trial.memory), which counts every layer call's float outputs.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def freeze_imported() -> None:
     Without it a full collection scanned them all whenever the job's allocations triggered
     one (0.20 s in a quiet process; 0.23-0.24 s with the job stopped, seen in most traced warm
     jobs between the task check and the first trial). The workers do the same after their imports
-    (tuner.worker.startup); these objects live as long as the process anyway."""
+    (tuner.worker.process.startup); these objects live as long as the process anyway."""
     import gc
 
     gc.collect()

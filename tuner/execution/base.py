@@ -23,7 +23,7 @@ E = TypeVar("E", bound="Executor")
 class ExclusiveSession(Protocol):
     """Runs specs one after another on a worker that has its node to itself. Each config's
     model is built and traced on its first run and kept alive: a later run of the same config
-    trains ``spec.steps`` more steps of it (``tuner.worker.live``)."""
+    trains ``spec.steps`` more steps of it (``tuner.worker.trial.live``)."""
 
     exclusive_timing: bool  # False when no node could be reserved: the timings were shared
 
@@ -51,11 +51,13 @@ class Executor(ABC):
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,
               diagnose_steps: int = 0) -> dict:
-        """Run the task-file checks that need TensorFlow (``tuner.worker.probe.probe_task``)."""
+        """Run the task-file checks that need TensorFlow
+        (``tuner.worker.check.task_check.check_task``)."""
 
     @abstractmethod
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        """Per-layer range diagnostics from a few float32 steps (``tuner.worker.diagnose``)."""
+        """Per-layer range diagnostics from a few float32 steps
+        (``tuner.worker.diagnostics.diagnose``)."""
 
     @abstractmethod
     def in_flight(self) -> int:

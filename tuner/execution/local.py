@@ -2,7 +2,9 @@
 
 ``LocalProcessExecutor`` keeps one long-lived worker program (tuner.execution.local_worker; its
 own program, so the driver never imports TensorFlow and the worker never re-runs the caller's
-script): TensorFlow is imported once and reused across trials. A worker that dies (segfault,
+script): TensorFlow is imported once and reused across trials. The program serves the worker's
+one face, a ``TrialWorker`` (tuner.worker.process.trial_worker), whose methods this executor
+calls by name with the arguments the Ray executor passes its actors. A worker that dies (segfault,
 killed for memory) fails only that trial and is replaced; a trial past its time limit has its
 worker killed and is recorded as a timeout.
 """
@@ -18,10 +20,10 @@ from tuner.errors import TrialInfrastructureError, TunerError, error_line
 from tuner.execution.base import Executor
 from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
 from tuner.trial_types import FailureClass, TrialResult, TrialSpec
-from tuner.worker import process as worker_process
-from tuner.worker.live import run_live
-from tuner.worker.live_models import keep_only, release
-from tuner.worker.trial import run_trial
+
+# What the worker's methods take for a task the driver ships (tuner.execution.task_shipping):
+# nothing, the local worker reads the driver's own task file.
+_NOT_SHIPPED = None
 
 
 def fresh_process_peak_rss(spec: TrialSpec, timeout_s: float = 600.0) -> int | None:
@@ -30,7 +32,7 @@ def fresh_process_peak_rss(spec: TrialSpec, timeout_s: float = 600.0) -> int | N
     earlier trial can disturb. None when the run fails."""
     executor = LocalProcessExecutor()
     try:
-        answer = executor._call("a fresh-process memory check", worker_process.run_for_peak_rss,
+        answer = executor._call("a fresh-process memory check", "run_for_peak_rss",
                                 spec.to_dict(), timeout_s=timeout_s)
     except TunerError:
         return None
@@ -61,10 +63,10 @@ class LocalProcessExecutor(Executor):
             self._worker = WorkerProcess(self.log_path)
         return self._worker
 
-    def _call(self, what: str, function, *args, timeout_s: float) -> dict:
+    def _call(self, what: str, method: str, *args, timeout_s: float) -> dict:
         """Run a one-off job (task check, diagnostics) in the worker; TaskError passes through."""
         try:
-            return self._ensure_worker().call(function, *args, timeout_s=timeout_s)
+            return self._ensure_worker().call(method, *args, timeout_s=timeout_s)
         except TunerError:
             raise  # a bad task file (TaskError) reaches the caller as itself
         except WorkerTimedOut:
@@ -86,13 +88,14 @@ class LocalProcessExecutor(Executor):
         """Run the task-file checks that need TensorFlow; raises TaskError on a bad task.
         Also reports which layers each float32 group and each of ``patterns`` selects, with
         ``ceiling`` each precision's speed on the worker's device, and with ``diagnose_steps``
-        the model's diagnostics (``tuner.worker.probe.probe_task``)."""
-        return self._call("checking the task", worker_process.probe, task_path, steps,
+        the model's diagnostics (``tuner.worker.check.task_check.check_task``)."""
+        return self._call("checking the task", "check_task", task_path, _NOT_SHIPPED, steps,
                           list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:
-        """Per-layer range diagnostics from a few float32 steps (see tuner.worker.diagnose)."""
-        return self._call("diagnostics", worker_process.diagnose, task_path, steps,
+        """Per-layer range diagnostics from a few float32 steps (see
+        tuner.worker.diagnostics.diagnose)."""
+        return self._call("diagnostics", "diagnose", task_path, _NOT_SHIPPED, steps,
                           timeout_s=timeout_s)
 
     # The same interface as RayExecutor, with one slot: a submitted trial runs in wait_any().
@@ -112,13 +115,13 @@ class LocalProcessExecutor(Executor):
 
     def keep_live_only(self, specs: list[TrialSpec]) -> None:
         """Let the worker keep only these specs' models alive."""
-        self._quietly(keep_only, [s.to_dict() for s in specs])
+        self._quietly("keep_live_only", [s.to_dict() for s in specs])
 
-    def _quietly(self, function, *args) -> None:
+    def _quietly(self, method: str, *args) -> None:
         """Housekeeping in the worker; a crashed worker keeps nothing anyway."""
         if self._worker is not None:
             with contextlib.suppress(Exception):
-                self._worker.call(function, *args, timeout_s=60)
+                self._worker.call(method, *args, timeout_s=60)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["_LocalSession"]:
@@ -127,13 +130,14 @@ class LocalProcessExecutor(Executor):
         try:
             yield _LocalSession(self)
         finally:
-            self._quietly(release)
+            self._quietly("release_live")
 
-    def run(self, spec: TrialSpec, time_limit_s: float, function=run_trial) -> TrialResult:
+    def run(self, spec: TrialSpec, time_limit_s: float, method: str = "run") -> TrialResult:
+        """``spec`` as a trial (``method`` "run") or on its live model (``"run_live"``)."""
         if self.submissions is not None:
-            self.submissions.write(spec, "re-measurement" if function is run_live else "search")
+            self.submissions.write(spec, "re-measurement" if method == "run_live" else "search")
         try:
-            answer = self._ensure_worker().call(function, spec.to_dict(), timeout_s=time_limit_s)
+            answer = self._ensure_worker().call(method, spec.to_dict(), timeout_s=time_limit_s)
         except WorkerTimedOut:
             self._worker = None
             return TrialResult.failed(spec.number, FailureClass.TIMEOUT,
@@ -161,4 +165,4 @@ class _LocalSession:
         self._executor = executor
 
     def run(self, spec: TrialSpec, time_limit_s: float) -> TrialResult:
-        return self._executor.run(spec, time_limit_s, function=run_live)
+        return self._executor.run(spec, time_limit_s, method="run_live")

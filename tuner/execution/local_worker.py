@@ -1,12 +1,14 @@
-"""The driver's side of one local worker program (tuner.worker.serve): start, call, kill.
+"""The driver's side of one local worker program (tuner.worker.programs.serve): start, call,
+kill.
 
-``WorkerProcess`` starts ``python -m tuner.worker.serve`` with ``subprocess`` in a session of
-its own (a terminal's Ctrl-C is the driver's to handle; the driver then ends the worker), its
-stdout and stderr appended to the worker log, and a socket pair between the two. ``call`` sends
-one request and waits for its answer, for at most its time limit; a worker that dies instead
-raises ``WorkerDied`` with its exit code and the log's last line, one past its limit
-``WorkerTimedOut`` (and is killed: a running TensorFlow op cannot be interrupted otherwise).
-An exception the request raised in the worker is raised here as itself.
+``WorkerProcess`` starts ``python -m tuner.worker.programs.serve`` with ``subprocess`` in a
+session of its own (a terminal's Ctrl-C is the driver's to handle; the driver then ends the
+worker), its stdout and stderr appended to the worker log, and a socket pair between the two.
+``call`` sends one request, a method of the ``TrialWorker`` the program serves by its name
+(the methods a Ray actor has), and waits for its answer, for at most its time limit; a worker
+that dies instead raises ``WorkerDied`` with its exit code and the log's last line, one past
+its limit ``WorkerTimedOut`` (and is killed: a running TensorFlow op cannot be interrupted
+otherwise). An exception the request raised in the worker is raised here as itself.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import tuner
-from tuner.worker.process import WORKER_ENV
+from tuner.worker.process.startup import WORKER_ENV
 
-_PROGRAM = "tuner.worker.serve"
+_PROGRAM = "tuner.worker.programs.serve"
 
 
 class WorkerDied(Exception):
@@ -76,12 +78,12 @@ class WorkerProcess:
                 start_new_session=True)
         self._connection = Connection(ours.detach())
         self._busy = False
-        self._send(list(sys.path))  # what spawn gave its children: see tuner.worker.serve
+        self._send(list(sys.path))  # what spawn gave its children: see tuner.worker.programs.serve
 
-    def call(self, function, *args, timeout_s: float):
-        """``function(*args)`` in the worker: its value, or its exception raised here."""
+    def call(self, method: str, *args, timeout_s: float):
+        """The served worker's ``method(*args)``: its value, or its exception raised here."""
         self._busy = True
-        self._send((function, args))
+        self._send((method, args))
         if not self._connection.poll(timeout_s):
             self.kill()
             raise WorkerTimedOut()

@@ -99,7 +99,7 @@ class PoolKeeper:
 
     def prime(self, timeout_s: float = 60.0) -> dict[str, float]:
         """Have each warm, idle slot worker time the device's ceiling figures
-        (tuner.worker.ceiling.prime), one worker at a time so that no probe runs beside
+        (tuner.worker.device.ceiling.prime), one worker at a time so that no probe runs beside
         another: a job's first probe then reuses them instead of timing them before its first
         trial. Seconds per worker; a worker that fails here is left to fail at its job."""
         import ray

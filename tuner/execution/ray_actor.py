@@ -1,12 +1,13 @@
-"""The Ray actor that runs trials: a ``TrialWorker`` (tuner.worker.process) as a Ray actor,
-at normal priority, knowing its node. Both the job's own pool (tuner.execution.ray_pool) and
-the service's warm pool (tuner.execution.warm_pool) start these."""
+"""The Ray actor that runs trials: a ``TrialWorker`` (tuner.worker.process.trial_worker, the
+worker's one face, which the local worker program serves too) as a Ray actor, at normal
+priority, knowing its node. Both the job's own pool (tuner.execution.ray_pool) and the
+service's warm pool (tuner.execution.warm_pool) start these."""
 
 from __future__ import annotations
 
 import os
 
-from tuner.worker.process import TrialWorker
+from tuner.worker.process.trial_worker import TrialWorker
 
 
 def trial_actor_class():

@@ -37,7 +37,7 @@ class ExclusiveTiming:
         if self._owns_ray and self.workers == 1 and self._slots and not self.in_flight():
             # A Ray instance this job started runs nothing but its one actor, idle now: that
             # actor has the machine to itself already, TensorFlow imported and the baseline's
-            # model alive (tuner.worker.live). No reservation, no fresh process.
+            # model alive (tuner.worker.trial.live). No reservation, no fresh process.
             session = ExclusiveSession(self, None, {}, slot=self._slots[0], exclusive=True)
             began = time.time()
             try:
@@ -153,7 +153,7 @@ class ExclusiveTiming:
 
 class ExclusiveSession:
     """Runs specs one at a time on one actor, each config on a model the actor keeps alive
-    (``tuner.worker.live``); a crashed or hung actor is replaced by a fresh one (in the same
+    (``tuner.worker.trial.live``); a crashed or hung actor is replaced by a fresh one (in the same
     reservation) and the session goes on. Closing it replaces the actor, models and all; a
     session on the pool's own actor (``slot``) releases its models instead."""
 

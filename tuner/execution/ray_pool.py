@@ -229,7 +229,7 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
     def probe(self, task_path: str, steps: int, patterns: Sequence[str] = (),
               timeout_s: float = 600.0, ceiling: bool = False,
               diagnose_steps: int = 0) -> dict:
-        return self._call("checking the task", "probe", task_path, self._shipped(task_path),
+        return self._call("checking the task", "check_task", task_path, self._shipped(task_path),
                           steps, list(patterns), ceiling, diagnose_steps, timeout_s=timeout_s)
 
     def diagnose(self, task_path: str, steps: int = 3, timeout_s: float = 600.0) -> dict:

@@ -2,7 +2,7 @@
 the task file's code and, for a task written by ``tuner.tune()`` from Python objects, the data
 file it loads from beside itself (tuner.api.task_writer). Each is put in Ray's object store once
 per job; a trial's spec carries their digest and references (``shipment``), and a worker
-fetches what its node lacks (tuner.worker.task_loader.receive_task).
+fetches what its node lacks (tuner.worker.task.task_loader.receive_task).
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def validation_gap(mine: dict | None, base: dict | None,
                    allowance: float = LEVEL_ALLOWANCE) -> str:
     """Why ``mine`` validates worse than float32's ``base`` beyond noise and ``allowance``
     ("" when it does not, or when either could not be evaluated). Both are
-    ``tuner.worker.validation`` results on the same batches; the noise is float32's
+    ``tuner.worker.trial.validation`` results on the same batches; the noise is float32's
     batch-to-batch scatter (the standard error of its mean over the batches)."""
     if not mine or not base or "loss" not in mine or "loss" not in base:
         return ""

@@ -12,7 +12,7 @@ much as a hundred float32 baselines. Before a proposal is trained the scheduler 
   it would rank behind all of them: it can be neither the pick nor a finalist the
   confirmation falls back on. Not trained.
 - ``EMULATED`` (memory): it computes in a 16-bit dtype the device's ceiling probe says is
-  emulated (``tuner.worker.ceiling``), and a config of the fast 16-bit dtype with the same
+  emulated (``tuner.worker.device.ceiling``), and a config of the fast 16-bit dtype with the same
   weight and activation widths (``memory_width``: float16 and bfloat16 take the same bytes)
   is already stable. Not trained.
 - ``DEFERRED`` (memory): emulated, and nothing stable of its width yet. It waits until the
@@ -21,7 +21,7 @@ much as a hundred float32 baselines. Before a proposal is trained the scheduler 
 
 Under ``speed`` and ``balanced`` a config's step time decides, and nothing tells it before the
 trial starts; there the worker's early stop ends a trial as soon as it is clearly slower than
-the bar (``tuner.worker.steps``), and policies the ceiling says cannot win are left out of the
+the bar (``tuner.judging.early_stop``), and policies the ceiling says cannot win are left out of the
 space (``tuner.run.plan.RunPlan.within_ceiling``). ``--keep-slow-policies`` trains them all.
 Pure Python: plain configs and numbers in.
 """

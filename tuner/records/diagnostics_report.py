@@ -1,18 +1,17 @@
-"""Render per-layer diagnostics (plain data from tuner.worker.diagnose) for people.
+"""Render per-layer diagnostics (plain data from tuner.worker.diagnostics.diagnose) for people.
 
 Two readings of the same findings: ``conclusions``, every finding on a line of its own (the
 records: ``diagnostics.md`` in the MLflow parent run, and ``diagnose --all``), and
 ``console_lines``, what a person reads before the first trial: one line per layer, its worst
 finding and how many more, the features that are zero to float32 as well left out (counted on
-one line; tuner.worker.continuous_inputs.negligible says why they lose nothing).
+one line; tuner.worker.diagnostics.continuous_inputs.negligible says why they lose nothing).
 """
 
 from __future__ import annotations
 
-import math
-
 from typing import Any
 
+from tuner.judging.erasure import severity, step_text, values_text
 from tuner.judging.underflow import gradient_histograms, underflow_note
 
 HEADERS = ["layer", "class", "act max", "act >f16 max", "act <f16 normal", "grad max",
@@ -34,7 +33,7 @@ def rows(diagnostics: dict[str, Any], limit: int | None = None) -> list[list[str
     table = []
     for layer in layers[:limit]:
         # No activation gradients where the train_step's losses are out of reach
-        # (tuner.worker.diagnose_steps): shown as "-".
+        # (tuner.worker.diagnostics.diagnose_steps): shown as "-".
         act, grad = layer["activation"], layer["gradient"] or {}
         table.append([layer["layer"], layer["class"], _num(act["abs_max"]),
                       _pct(act["overflow_fraction"]), _pct(act["subnormal_fraction"]),
@@ -57,32 +56,6 @@ def describe_integers(entry: dict[str, Any]) -> str:
     """``token_embedding (TokenEmbedding) receives integer-valued floats up to 4999``"""
     return (f"{entry['layer']} ({entry['class']}) receives integer-valued floats up to "
             f"{entry['max']:.0f}")
-
-
-FLOAT16_MAX = 65504.0
-
-
-def _number(value: float, decimals: int) -> str:
-    text = f"{value:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def values_text(entry: dict[str, Any]) -> str:
-    """``values -122.5..-121.8, spread 0.20``: the range to as many decimals as the spread
-    needs for two significant digits (a timestamp's range in %g would read 1.7e+09..1.7e+09);
-    values all below 0.001 in %g (``values -3e-21..2.5e-21, spread 1e-21``), not in decimals."""
-    if max(abs(entry["min"]), abs(entry["max"])) < 1e-3:
-        return f"values {entry['min']:.2g}..{entry['max']:.2g}, spread {entry['spread']:.2g}"
-    decimals = max(0, 1 - math.floor(math.log10(entry["spread"])))
-    return (f"values {_number(entry['min'], decimals)}..{_number(entry['max'], decimals)}, "
-            f"spread {entry['spread']:.{decimals}f}")
-
-
-def step_text(entry: dict[str, Any], dtype: str) -> str:
-    """``step there is 0.5`` (or ``overflows there``, float16 beyond 65504)."""
-    step = entry["step"][dtype]
-    return f"overflows there (beyond {FLOAT16_MAX:g})" if step is None \
-        else f"step there is {step:g}"
 
 
 def describe_continuous(entry: dict[str, Any]) -> str:
@@ -109,12 +82,6 @@ def describe_negligible(entry: dict[str, Any]) -> str:
             "all to 0, but next to the "
             f"{entry['input_abs_max']:.3g} its input also carries it is zero to float32 too, "
             f"so it keeps {entry['layer']} in no config's float32")
-
-
-def severity(entry: dict[str, Any]) -> tuple[int, float]:
-    """Sort key of continuous features, worst first: erased in more dtypes, then the most
-    noise in any of them."""
-    return -len(entry["erased_in"]), -max(entry["noise"].values())
 
 
 def describe_head(entry: dict[str, Any]) -> str:

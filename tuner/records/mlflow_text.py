@@ -28,7 +28,7 @@ def config_params(config: PrecisionConfig) -> dict[str, str]:
 
 
 def validation_metrics(validation: dict[str, Any] | None) -> dict[str, float]:
-    """``val_loss`` and ``val_<metric>`` of a trial's evaluation (tuner.worker.validation)."""
+    """``val_loss`` and ``val_<metric>`` of a trial's evaluation (tuner.worker.trial.validation)."""
     if not validation or "loss" not in validation:
         return {}
     metrics = {"val_loss": validation["loss"]}

@@ -17,7 +17,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def table_rows(summary: "TuneSummary") -> list[list[str]]:
     """One row per trial: number, config, verdict, median ms, re-measured ms, speedup, ratio,
-    training memory (tuner.worker.memory: state plus activations), the shares of parameters
+    training memory (tuner.worker.trial.memory: state plus activations), the shares of parameters
     and activations in the 16-bit dtype, reason. The speedup is the
     re-measured one with its interval where the trial was a finalist; otherwise the
     search-phase ratio (screening only, marked ~)."""

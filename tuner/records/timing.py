@@ -84,7 +84,7 @@ class WorkerTime:
     build_s: float = 0.0      # task, data, model build and compile, until the first step
     trace_s: float = 0.0      # the first step: tracing (and compiling) the training step
     train_s: float = 0.0      # the training steps after it
-    validate_s: float = 0.0   # evaluating on the validation batches (tuner.worker.validation)
+    validate_s: float = 0.0   # evaluating on the validation batches (tuner.worker.trial.validation)
     other_s: float = 0.0      # the rest of the run's wall time in the worker
     record_s: float = 0.0     # the driver recording the runs (MLflow, trials.jsonl)
 

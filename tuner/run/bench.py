@@ -4,12 +4,12 @@ train on, say, rather than the one that tuned it).
 
 A round is two processes back to back, float32 (A) and the config (B), in ABBA order over the
 rounds (AB, BA, AB, ...) so that neither side always runs first. Each process
-(``tuner.worker.bench``) trains the task as a trial does and times ``steps`` steps after
-``warmup``; each round gives one paired log ratio of the two medians, and the speedup is their
-geometric mean with the project's Student-t interval over rounds (``tuner.judging.noise``:
-``round_log_ratios``, ``speedup_from_log_ratios``). It is a tie when the interval holds 1.0,
-else faster or slower. No run-to-run allowance is added: the rounds are this bench's own
-processes, spread over its whole duration.
+(``tuner.worker.programs.one_measurement``) trains the task as a trial does and times ``steps``
+steps after ``warmup``; each round gives one paired log ratio of the two medians, and the
+speedup is their geometric mean with the project's Student-t interval over rounds
+(``tuner.judging.noise``: ``round_log_ratios``, ``speedup_from_log_ratios``). It is a tie when
+the interval holds 1.0, else faster or slower. No run-to-run allowance is added: the rounds are
+this bench's own processes, spread over its whole duration.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def _measure(task: Path, which: str, steps: int, warmup: int, seed: int) -> dict
     root = str(Path(__file__).resolve().parents[2])   # this tuner, installed or not
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "tuner.worker.bench", str(task), which,
-                           str(steps), str(warmup), str(seed)],
+    done = subprocess.run([sys.executable, "-m", "tuner.worker.programs.one_measurement",
+                           str(task), which, str(steps), str(warmup), str(seed)],
                           capture_output=True, text=True, env=env)
     for text in done.stdout.splitlines():
         kind, figures = read_line(text)

@@ -15,7 +15,7 @@ from tuner.judging.verdict import LEVEL_ALLOWANCE
 @dataclass
 class Checkpoint:
     step: int                        # steps each model has trained in all
-    float32: dict[str, Any]          # tuner.worker.validation results
+    float32: dict[str, Any]          # tuner.worker.trial.validation results
     pick: dict[str, Any]
     # The training losses of the steps since the last checkpoint: what is compared when the
     # model cannot be evaluated (``model.evaluate`` fails, or its test_step reports no loss).

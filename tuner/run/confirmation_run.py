@@ -3,7 +3,7 @@
 A search trial is short (tens to hundreds of steps), and a config can pass it and still train
 to a worse model: a plateau that float32 passes later, rounding that only matters once the
 loss is small. So before a 16-bit pick is exported, it and float32 train on, side by side, on
-their live models in the re-measurement's exclusive worker (``tuner.worker.live``), for a
+their live models in the re-measurement's exclusive worker (``tuner.worker.trial.live``), for a
 longer budget, and are evaluated on the run's validation batches at ``CHECKPOINTS`` points. The
 pick is confirmed when no loss went non-finite and its validation loss at the end is within
 float32's noise and the level allowance (``tuner.judging.verdict.validation_gap``, the rule a search

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from tuner.apply.config import PrecisionConfig
-from tuner.apply.guard.report import ARTIFACT, EVENTS_TAG, guard_record
+from tuner.apply.guard.mlflow_record import ARTIFACT, EVENTS_TAG, guard_record
 from tuner.process_lines import DONE, EPOCH, read_line
 from tuner.errors import TaskError, UsageError
 from tuner.judging.learning import LEVEL_ALLOWANCE
@@ -35,13 +35,13 @@ _LAST_EPOCHS = 3   # the verdict compares the mean of each run's last epochs (on
 
 def _start(task: Path, which: str, epochs: int, guard: bool) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.Popen([sys.executable, "-m", "tuner.worker.guarded_train", str(task),
-                             which, str(epochs)] + ([] if guard else ["--no-guard"]),
+    return subprocess.Popen([sys.executable, "-m", "tuner.worker.programs.one_training",
+                             str(task), which, str(epochs)] + ([] if guard else ["--no-guard"]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _follow(name: str, process: subprocess.Popen, results: dict, lock: threading.Lock) -> None:
-    for line in process.stdout:   # tuner.worker.guarded_train's lines
+    for line in process.stdout:   # tuner.worker.programs.one_training's lines
         kind, data = read_line(line)
         if kind == EPOCH:
             key = "val_loss" if "val_loss" in data else "loss"

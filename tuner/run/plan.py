@@ -161,7 +161,7 @@ class RunPlan:
 
     def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
         """The plan without the policies whose compute dtype the device's ceiling says cannot
-        beat float32 (``tuner.worker.ceiling``), one line each; a resumed run leaves out what
+        beat float32 (``tuner.worker.device.ceiling``), one line each; a resumed run leaves out what
         it left out before. Only under the speed objective; ``keep_slow_policies`` keeps them
         all. The slow dtypes are also the plan's ``emulated`` ones, whose configs under memory
         wait for the fast dtype's (tuner.judging.worth_training)."""

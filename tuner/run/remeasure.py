@@ -5,7 +5,7 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
   the leader's (by more than a run's drift) is dropped first, with a line saying so.
 - Each config's model is built and traced once and kept alive in the worker; every later run
-  trains it on (``tuner.worker.live``), the float32 baseline trial's included.
+  trains it on (``tuner.worker.trial.live``), the float32 baseline trial's included.
 - A warm-up run of float32 comes first, discarded (a fresh worker's first run was 46% slow).
 - Rounds: each runs float32 and every finalist once, in an order that rotates each round and
   reverses each cycle (AB BA BA AB): no config always runs first.

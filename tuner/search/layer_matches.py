@@ -1,5 +1,5 @@
 """Which layers a float32 placement selects in a model, from the task check's report. No
-TensorFlow: ``matches`` is plain data (``probe_task(...)["float32_matches"]``)."""
+TensorFlow: ``matches`` is plain data (``check_task(...)["float32_matches"]``)."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ class SearchSpace:
                optimizer: Mapping[str, Any] | None = None) -> tuple["SearchSpace", list[str]]:
         """This space with its float32 placements resolved against the model's layers.
 
-        ``matches`` is what the worker's task check found, ``probe_task(...)["float32_matches"]``:
+        ``matches`` is what the worker's task check found, ``check_task(...)["float32_matches"]``:
         ``{"groups": {group: [path, ...]}, "layers": {pattern: [path, ...]}, "all_layers":
         [path, ...]}``. A group that selects no layer would only repeat other configs, so it is
         dropped, with one line saying so (returned). A ``float32.layers`` pattern that selects no

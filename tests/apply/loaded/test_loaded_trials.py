@@ -1,8 +1,8 @@
 """Trials of a model the user already has train in the config's dtype, and say so.
 
-Real trials (tuner.worker.trial, in this process) of task files whose ``build_model()`` loads a
-saved model, beside the twin built in code: the memory record's activations are 16-bit, the
-recorded reach is the whole model. A config that reaches no layer (layers built with
+Real trials (tuner.worker.trial.trial, in this process) of task files whose ``build_model()``
+loads a saved model, beside the twin built in code: the memory record's activations are 16-bit,
+the recorded reach is the whole model. A config that reaches no layer (layers built with
 ``dtype="float32"``, a model loaded before the scope opened) fails as ``precision_unreached``
 with the layers, where their dtype came from and the fix, in one line. A model file that does
 not load stops the task check with one line naming the file, the cause and the fix.
@@ -15,8 +15,8 @@ import pytest
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.probe import probe_task
-from tuner.worker.trial import run_trial
+from tuner.worker.check.task_check import check_task
+from tuner.worker.trial.trial import run_trial
 from tests.apply.loaded.saved_kinds import KINDS, save_all, task_file
 
 pytestmark = pytest.mark.slow
@@ -127,7 +127,7 @@ def test_a_keras_hub_model_from_a_local_preset_takes_the_policy(tmp_path):
 def _probe_error(saved, expression):
     path = task_file(saved, f"bad_{abs(hash(expression))}", expression=expression)
     with pytest.raises(TaskError) as caught:
-        probe_task(str(path), steps=2)
+        check_task(str(path), steps=2)
     message = str(caught.value)
     assert "\n" not in message and "Fix:" in message
     return message

@@ -13,8 +13,9 @@ import pytest
 from tuner.apply.config import FLOAT32_GROUPS, Float32Placement, PrecisionConfig
 from tuner.apply.layers import float32_matches, layer_paths
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.task_loader import fixed_batches, load_task
-from tuner.worker.trial import reset_keras_state, run_trial
+from tuner.worker.task.keras_state import reset_keras_state
+from tuner.worker.task.task_loader import fixed_batches, load_task
+from tuner.worker.trial.trial import run_trial
 
 ZOO = Path(__file__).parent
 MODELS = sorted(path.stem for path in ZOO.glob("*.py")

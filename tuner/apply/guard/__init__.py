@@ -15,5 +15,5 @@ against its float32 computation (``fidelity``), the kept batch's loss against fl
 (``precision_loss``), the smallest set of layers whose float32 brings the model back
 (``float32_set``), each optimizer's loss scale and the largest scale at which a step applies
 (``scales``), what it reads from Keras (``readings``), and what a guarded training reports in
-MLflow (``report``).
+MLflow (``mlflow_record``).
 """

@@ -40,7 +40,7 @@ import keras
 
 from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import detectors, readings, report
+from tuner.apply.guard import detectors, mlflow_record, readings
 from tuner.apply.guard.detectors import Detector, Finding, StepReading
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Notice
@@ -227,8 +227,8 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     def _close(self) -> None:
         self._training.keeper.unwrap()
-        report.log_to_mlflow(self.history, [event.to_dict() for event in self.events],
-                             self.config)
+        mlflow_record.log_to_mlflow(self.history,
+                                    [event.to_dict() for event in self.events], self.config)
 
     # -- reading the training ----------------------------------------------------------------
     def _scale_figures(self) -> dict[str, Any]:

@@ -1,0 +1,4 @@
+"""The user's task inside the worker: the task file loaded and its data turned into fixed
+batches (``task_loader``), the task's model compiled for a trial, stepped and watched
+(``task_model``), and Keras's global state made fresh before each use of it (``keras_state``).
+"""

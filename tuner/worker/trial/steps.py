@@ -1,0 +1,172 @@
+"""The timed training steps every run takes: ``model.fit`` itself, on the run's fixed batches.
+
+``fit_steps`` trains a number of steps with ``model.fit`` on the batches in order (cycled);
+``step_recorder`` is the callback that times each step and records its loss, loss scale and
+skipped update, and stops a run where the early stop says so (tuner.judging.early_stop: a
+non-finite loss, clearly too slow, a sized run measured enough, a time bound reached). Used by
+a trial (tuner.worker.trial.trial) and by a live model's later runs (tuner.worker.trial.live).
+"""
+
+from __future__ import annotations
+
+import time
+
+from tuner.errors import TaskError
+from tuner.judging.early_stop import should_stop
+from tuner.judging.sizing import Sizing
+from tuner.trial_types import TrialResult, TrialSpec
+
+def fit_steps(model, batches, steps: int, callbacks=()) -> None:
+    """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
+
+    ``fit`` hands ``train_step`` each batch in the structure the task's data has (``(x, y)``
+    or ``(x, y, sample_weight)``) and runs its compiled train function per step, in one epoch
+    (an epoch per step cost 5-6 ms of ``fit``'s own bookkeeping per step here, half a small
+    model's step). A callback may stop it early (``model.stop_training``).
+    """
+    if steps > 0:
+        model.fit(batch_dataset(batches, steps), epochs=1, steps_per_epoch=steps,
+                  shuffle=False, verbose=0, callbacks=list(callbacks))
+
+
+# The batches stacked into one tensor per leaf, per list of batches (the worker's cached
+# ``fixed_batches``): stacking them again for every run cost a live model's re-measurement run
+# more than its bookkeeping.
+_STACKED: dict[int, tuple[list, object]] = {}
+
+
+def batch_dataset(batches, steps: int):
+    import tensorflow as tf
+
+    # tf.data reads a Python list as one tensor; a list of model inputs is a tuple to it.
+    def tuples(structure):
+        if isinstance(structure, (list, tuple)):
+            return tuple(tuples(part) for part in structure)
+        if isinstance(structure, dict):
+            return {key: tuples(value) for key, value in structure.items()}
+        return structure
+
+    kept = _STACKED.get(id(batches))
+    if kept is None or kept[0] is not batches:
+        # Data without labels is kept as (x,) batches and fed as x, as fit feeds an array or
+        # a dataset of x (a dataset of 1-tuples too, which fit would hand over as (x,)).
+        stacked = tf.nest.map_structure(lambda *parts: tf.stack(parts),
+                                        *[tuples(batch[0] if len(batch) == 1 else batch)
+                                          for batch in batches])
+        kept = _STACKED[id(batches)] = (batches, stacked)
+    # Without tf.data's autotuning (nothing here to tune: the batches are in memory): its
+    # thread held ``fit`` 0.2-0.55 s past the last step of one run in two, as it shut down.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tf.data.Dataset.from_tensor_slices(kept[1]).repeat().take(steps).with_options(options)
+
+
+def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool = True):
+    """A callback that times each of ``fit``'s steps and records what the step did.
+    ``optimizers``: the model's, named (tuner.worker.task.task_model); ``traces``: the first step
+    traces the training step (a model that trained before has it).
+
+    The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
+    function and its conversion of the step's logs to Python numbers, which waits for the step
+    to finish (so the time is the step's, not the time to queue it). Everything recorded here
+    (loss scales, optimizer iterations) is read outside that window. The model's metrics are
+    reset before each step, as ``fit`` does at an epoch's start, so the logged loss is that
+    step's loss and not a running mean. A sized run (``spec.sizing``) stops once
+    ``tuner.judging.sizing.enough`` says so.
+
+    Every loss the ``train_step`` returns is recorded (``step_losses``); with more than one
+    optimizer, each one's loss scale and skipped steps too (``result.optimizers``), while
+    ``result.loss_scales`` keeps the lowest scale of each step and ``result.skipped`` the steps
+    any of them skipped: what the verdict's collapse and skip rules read.
+    """
+    import keras
+
+    from tuner.apply.loss_scaling import current_loss_scale
+
+    sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
+    scaled = keras.optimizers.LossScaleOptimizer
+    watched = list(optimizers)
+    apart = len(watched) > 1
+
+    class StepRecorder(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if result.initial_loss_scale is None:
+                result.initial_loss_scale = _lowest(current_loss_scale(o) for _, o in watched)
+                result.loss_scale_kind = spec.config.get("loss_scale", {}).get("kind", "none")
+            if apart and not result.optimizers:
+                result.optimizers = [{"name": name, "initial_loss_scale":
+                                      current_loss_scale(optimizer), "loss_scales": [],
+                                      "skipped": []} for name, optimizer in watched]
+            # Only a LossScaleOptimizer skips updates; reading the step counter costs a sync.
+            self.may_skip = [isinstance(optimizer, scaled) for _, optimizer in watched]
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.model.reset_metrics()
+            self.iterations = [int(optimizer.iterations.numpy()) if skips else None
+                               for (_, optimizer), skips in zip(watched, self.may_skip)]
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            elapsed_ms = (time.perf_counter() - self.started) * 1000.0
+            step = len(result.losses)
+            loss = step_losses(logs or {}, result)
+            result.step_times_ms.append(elapsed_ms)
+            if step == 0 and traces:  # Keras traces (and may compile) it on its first call
+                result.trace_s = elapsed_ms / 1000.0
+            else:
+                result.train_s += elapsed_ms / 1000.0
+            _record_scales(result, watched, self.iterations, step)
+            if should_stop(result, spec, sizing, step, loss, elapsed_ms):
+                self.model.stop_training = True
+
+    return StepRecorder()
+
+
+def _record_scales(result: TrialResult, watched: list, iterations: list, step: int) -> None:
+    """Each optimizer's loss scale after ``step``, and whether it skipped the step (its
+    ``iterations`` did not move from ``iterations``: None where it cannot skip)."""
+    from tuner.apply.loss_scaling import current_loss_scale
+
+    scales = [current_loss_scale(optimizer) for _, optimizer in watched]
+    skipped = [before is not None and int(optimizer.iterations.numpy()) == before
+               for (_, optimizer), before in zip(watched, iterations)]
+    result.loss_scales.append(_lowest(scales))
+    if any(skipped):   # a LossScaleOptimizer skipped its update
+        result.skipped_steps += 1
+        result.skipped.append(step)
+    for record, scale, skip in zip(result.optimizers, scales, skipped):
+        record["loss_scales"].append(scale)
+        if skip:
+            record["skipped"].append(step)
+
+
+def _lowest(scales) -> float | None:
+    known = [scale for scale in scales if scale is not None]
+    return min(known) if known else None
+
+
+def loss_names(logs: dict) -> list[str]:
+    """The losses a ``train_step``'s logs hold: ``loss``, and every entry named ``*loss``
+    (``d_loss``, ``g_loss``, ``kl_loss``)."""
+    return [name for name in logs if name == "loss" or name.endswith("loss")]
+
+
+def step_losses(logs: dict, result: TrialResult) -> float:
+    """Record a step's losses in ``result``; the step's loss for the rules that read one.
+
+    That loss is ``logs["loss"]`` where the ``train_step`` returns one, else the sum of its
+    losses (finite only when each is: a GAN's ``d_loss`` and ``g_loss``). Where it returns more
+    than ``loss`` alone, each is kept in ``result.loss_terms`` and judged on its own against
+    float32's (tuner.judging.terms)."""
+    names = loss_names(logs)
+    if not names:
+        raise TaskError("the model's train_step must return a dict with a 'loss' entry, or "
+                        f"entries named '*loss' (d_loss, g_loss). Received keys: {sorted(logs)}. "
+                        "Return {'loss': loss, ...}.")
+    values = {name: float(logs[name]) for name in names}
+    loss = values["loss"] if "loss" in values else sum(values.values())
+    result.losses.append(loss)
+    if names != ["loss"]:
+        for name, value in values.items():
+            result.loss_terms.setdefault(name, []).append(value)
+    return loss
