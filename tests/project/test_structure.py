@@ -225,6 +225,13 @@ def test_every_subpackage_says_what_it_owns():
             names.setdefault(path.name, []).append(module)
     shared = {name: found for name, found in names.items() if len(found) > 1}
     assert not shared, f"modules that share a file name: {shared}"
+    # tests/ mirrors the package (docs/contributing/tests.md): only conftest.py at its top
+    loose = sorted(path.name for path in (PACKAGE.parent / "tests").glob("*.py")
+                   if path.name not in ("conftest.py", "__init__.py"))
+    assert not loose, f"test files at the top of tests/, not beside what they test: {loose}"
+    missing = [folder for folder in LAYERS[1:-1]
+               if not (PACKAGE.parent / "tests" / folder).is_dir()]
+    assert not missing, f"packages without their folder under tests/: {missing}"
 
 
 def test_the_driver_imports_no_tensorflow_or_keras():
