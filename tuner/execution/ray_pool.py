@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Sequence
 
 from tuner import job_context
