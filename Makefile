@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-fast docs docs-serve ui wheel clean
+.PHONY: setup browser demo test test-quick test-mutants docs docs-serve ui wheel clean
 
 setup: $(STAMP)
 
@@ -24,14 +24,27 @@ demo: setup
 	$(BIN)/precision-tuner tune examples/digits_mlp.py --space quick \
 		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json
 
-# Two pytest workers side by side (TEST_WORKERS=1: one after the other). A module's tests stay
-# on one worker, so a module's shared fixtures (a service, a tuning run) are made once. Three
-# took 33-36 min instead of 37-39, but their load made the ceiling probe skip bfloat16 and a
-# notebook reply arrive out of turn: not yet the default.
+# The tiers (tests/conftest.py): unit, fast, cli, slow, system, and a few slow "canary" tests.
+# `make test-quick`: lint, types, the unit tier on its own, then fast + cli + canary side by side;
+# a contributor's signal in under five minutes (it fails past QUICK_BUDGET_S). `make test`: the
+# quick tier, then the rest. Each phase's JUnit file and the slowest tests land in test-results/.
+# Two pytest workers side by side (TEST_WORKERS=1: one after the other); a module's tests stay on
+# one worker, so a module's shared fixtures (a service, a tuning run) are made once. Three took
+# 33-36 min instead of 37-39, but their load made the ceiling probe skip bfloat16 and a notebook
+# reply arrive out of turn: not yet the default.
 TEST_WORKERS ?= 2
+QUICK_BUDGET_S ?= 300
+TIER_RUN = $(BIN)/python -m tests.support.tier_run --workers $(TEST_WORKERS) --quick-budget $(QUICK_BUDGET_S)
 
 test: setup browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=30
+	$(TIER_RUN) all
+
+test-quick: setup
+	$(TIER_RUN) quick
+
+# Each mutation a test claims to catch (tests/support/mutants.py), made in a copy and run there.
+test-mutants: setup
+	$(BIN)/python -m tests.support.mutants
 
 # Debian's headless Chromium and ChromeDriver for the MLflow UI test (no browser download).
 browser:
@@ -62,8 +75,5 @@ wheel:
 	.venv-build/bin/pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/*.whl
 
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
-
 clean:
-	rm -rf $(VENV) .venv-build dist runs .pytest_cache site
+	rm -rf $(VENV) .venv-build dist runs .pytest_cache site test-results

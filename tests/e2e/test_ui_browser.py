@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 SCREENSHOTS = Path(os.environ.get("PT_SCREENSHOT_DIR", ROOT / "runs" / "screenshots"))
 CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",

@@ -15,7 +15,7 @@ import subprocess, sys, time
 from tuner.execution.watchdog import share_fate
 fate = share_fate()
 child = subprocess.Popen(["sleep", "300"])
-time.sleep(2.5)  # the watchdog has seen the child
+assert fate.sync(), "the watchdog did not answer"   # it has seen the child: no sleep
 print(child.pid, flush=True)
 if sys.argv[1] == "release":
     fate.release()

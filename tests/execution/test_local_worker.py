@@ -12,7 +12,7 @@ from tuner.errors import TaskError, TrialInfrastructureError
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.local_worker import WorkerDied, WorkerProcess, WorkerTimedOut
 
-pytestmark = pytest.mark.slow  # each worker imports TensorFlow
+pytestmark = pytest.mark.system  # each worker imports TensorFlow
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT, TASKS
 from tests.support.records import read_trials
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 BIN = Path(sys.executable).parent
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT, not_injectable
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 HOST = "10.200.0.1"
 SETUP = f"ip link set lo up && ip addr add {HOST}/32 dev lo"
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import ROOT, TASKS
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 # A job to stop mid-run: five trials of the slow-step task after its baseline (20 steps of 80 ms
 # each: over 8 s in all), so the stop lands in the search however fast the rest of the job has

@@ -95,6 +95,7 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
                          log_to_driver=False, logging_level=logging.WARNING,
                          object_store_memory=200 * 1024 * 1024)
                 self._owns_ray = True
+                self._fate.sync()  # Ray's processes are on the watchdog's list from now on
             else:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         # OSError: Ray's own checks at start (a socket path past 107 bytes under a long

@@ -7,8 +7,10 @@ SIGKILLed. ``share_fate()`` starts this module as a small process (no Ray, no Te
 keeps a list of the driver's descendants, refreshed every second, and holds a pipe from the
 driver: when the pipe reaches EOF without the word ``done`` (the driver is gone), it kills
 every process on that list and their descendants. ``Fate.release()`` (after a clean shutdown)
-sends ``done`` and the watchdog exits leaving everything alone. Linux only (``/proc``);
-elsewhere nothing is started.
+sends ``done`` and the watchdog exits leaving everything alone. ``Fate.sync()`` asks for a scan
+at once and waits for it: a process started just before is then on the list, which otherwise
+holds only what the last refresh (up to a second old) saw. Linux only (``/proc``); elsewhere
+nothing is started.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ class Fate:
 
     def __init__(self, process: subprocess.Popen | None) -> None:
         self._process = process
+
+    def sync(self, timeout: float = 10.0) -> bool:
+        """Have the watchdog scan the driver's descendants now; True once it has (False where
+        no watchdog runs or it did not answer within ``timeout`` seconds)."""
+        process = self._process
+        if process is None:
+            return False
+        try:
+            process.stdin.write(b"sync\n")
+            process.stdin.flush()
+        except OSError:
+            return False
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        return bool(ready) and process.stdout.readline().strip() == b"synced"
 
     def release(self) -> None:
         """The driver cleaned up itself: the watchdog leaves its processes alone and exits."""
@@ -50,7 +66,7 @@ def share_fate() -> Fate:
     if not Path("/proc/self/stat").exists():
         return Fate(None)
     process = subprocess.Popen([sys.executable, "-m", "tuner.execution.watchdog", str(os.getpid())],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     return Fate(process)
 
@@ -83,14 +99,22 @@ def _descendants(roots: set[int]) -> set[int]:
 def watch(driver: int) -> None:
     me = os.getpid()
     known: set[int] = set()
-    stdin = sys.stdin.buffer
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         ready, _, _ = select.select([stdin], [], [], _REFRESH_S)
         if ready:
-            if stdin.readline().strip() == b"done":
+            word = stdin.readline().strip()
+            if word == b"done":
                 return  # a clean shutdown: nothing to do
-            break  # EOF: the driver is gone
+            if word != b"sync":
+                break  # EOF: the driver is gone
         known = _descendants({driver}) - {me}
+        if ready:
+            try:
+                stdout.write(b"synced\n")
+                stdout.flush()
+            except OSError:
+                pass
     for pid in (known | _descendants(known)) - {me}:
         try:
             os.kill(pid, signal.SIGKILL)

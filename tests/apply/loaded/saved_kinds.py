@@ -53,6 +53,54 @@ class Classifier(keras.Model):
         return self.head(self.block(self.stem(x)))
 
 
+@keras.saving.register_keras_serializable("precision_tuner_tests")
+class Tower(keras.Model):
+    """A subclassed model that hands its own dtype down to the sublayers it builds, as
+    KerasHub's backbones do: loaded, its sublayers are 16-bit only if the model itself is."""
+
+    def __init__(self, units=16, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.stem = keras.layers.Dense(units, activation="relu", dtype=self.dtype_policy)
+        self.head = keras.layers.Dense(3, activation="softmax", dtype=self.dtype_policy)
+
+    def call(self, x):
+        return self.head(self.stem(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@keras.saving.register_keras_serializable("precision_tuner_tests")
+class Gated(keras.layers.Layer):
+    """A custom layer with its own ``from_config``: its gate is a layer handed to the
+    constructor, saved as a nested config and deserialised by the override."""
+
+    def __init__(self, gate, units=16, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.gate = gate
+        self.value = keras.layers.Dense(units, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        if not self.gate.built:   # deserialised with its build config, it comes built
+            self.gate.build(input_shape)
+        self.value.build(input_shape)
+
+    def call(self, x):
+        return self.value(x) * keras.ops.sigmoid(self.gate(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units,
+                "gate": keras.saving.serialize_keras_object(self.gate)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["gate"] = keras.saving.deserialize_keras_object(config["gate"])
+        return cls(**config)
+
+
 def functional(softmax_dtype=None):
     inputs = keras.Input((8,))
     x = keras.layers.Dense(16, activation="relu")(inputs)
@@ -70,6 +118,18 @@ def subclassed():
     model = Classifier()
     model(X[:2])
     return model
+
+
+def dtype_passed_down():
+    model = Tower(16)
+    model(X[:2])
+    return model
+
+
+def own_from_config():
+    inputs = keras.Input((8,))
+    x = Gated(keras.layers.Dense(16), 16)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
 
 
 def nested():
@@ -164,6 +224,8 @@ KINDS = {
     "functional_h5": Kind(functional, *_keras_file("functional.h5")),
     "sequential_keras": Kind(sequential, *_keras_file("sequential.keras")),
     "subclassed_keras": Kind(subclassed, *_keras_file("subclassed.keras")),
+    "dtype_passed_down_keras": Kind(dtype_passed_down, *_keras_file("passed_down.keras")),
+    "own_from_config_keras": Kind(own_from_config, *_keras_file("own_from_config.keras")),
     "nested_keras": Kind(nested, *_keras_file("nested.keras")),
     "recurrent_keras": Kind(recurrent, *_keras_file("recurrent.keras"), pure=False),
     "attention_keras": Kind(attention, *_keras_file("attention.keras")),
@@ -187,19 +249,17 @@ def save_all(folder: Path) -> None:
         kind.save(model, folder)
 
 
-def save_mixed_with_float32_softmax(folder: Path) -> Path:
-    """A model saved from a mixed_bfloat16 training whose softmax head was kept in float32
+def save_mixed_with_float32_softmax(folder: Path, policy: str = "mixed_bfloat16") -> Path:
+    """A model saved from a ``policy`` training whose softmax head was kept in float32
     (Keras's mixed precision guide)."""
-    keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.config.set_dtype_policy(policy)
     try:
         model = functional(softmax_dtype="float32")
-        path = Path(folder) / "mixed_softmax.keras"
+        path = Path(folder) / f"{policy}_softmax.keras"
         model.save(path)
     finally:
         keras.config.set_dtype_policy("float32")
     return path
-
-
 TASK = '''"""build_model() loads a model saved by plain Keras, as a fine-tuning user's does."""
 import sys
 from pathlib import Path

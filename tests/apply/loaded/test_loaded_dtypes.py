@@ -69,18 +69,25 @@ def test_a_loaded_model_computes_like_its_twin_built_in_code(saved, name, policy
         np.testing.assert_allclose(ours, theirs, atol=rounding * (1 + np.abs(theirs).max()))
 
 
-@pytest.mark.parametrize("policy, other_layers", [("mixed_bfloat16", "bfloat16"),
-                                                  ("mixed_float16", "float16"),
-                                                  ("float32", "float32")])
-def test_a_saved_mixed_models_float32_softmax_stays_float32(tmp_path, policy, other_layers):
-    path = save_mixed_with_float32_softmax(tmp_path)
+# Each case is saved in another policy than the one it loads under, so that it needs the scope's
+# repair (the saved model's own dtype replaced) beside its keep (the float32 softmax left alone):
+# with the repair made a no-op, every case fails.
+@pytest.mark.parametrize("saved_policy, policy, other_layers", [
+    ("mixed_float16", "mixed_bfloat16", "bfloat16"),
+    ("mixed_bfloat16", "mixed_float16", "float16"),
+    ("mixed_float16", "bfloat16", "bfloat16"),
+])
+def test_a_saved_mixed_models_float32_softmax_stays_float32(tmp_path, saved_policy, policy,
+                                                             other_layers):
+    path = save_mixed_with_float32_softmax(tmp_path, saved_policy)
     reset_keras_state(0)
     with PrecisionConfig(policy).scope():
         model = keras.models.load_model(path, compile=False)
     dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
     assert dense[-1].compute_dtype == "float32"          # the saved placement
-    assert origin_of(dense[-1]) in (DtypeOrigin.SAVED_KEPT, DtypeOrigin.POLICY)
+    assert origin_of(dense[-1]) is DtypeOrigin.SAVED_KEPT
     assert {layer.compute_dtype for layer in dense[:-1]} == {other_layers}
+    assert {origin_of(layer) for layer in dense[:-1]} == {DtypeOrigin.SAVED}
     assert model.layers[2].inner.compute_dtype == other_layers  # passed down in the custom layer
 
 

@@ -13,7 +13,7 @@ from tests.suites.faults.accounting import Accounting, account
 from tests.suites.faults.conftest import Fault, summary_line
 from tests.suites.faults.cli_runs import SPACE, TASK
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tests.support.records import read_trials
 from tests.suites.faults.cli_runs import (KILL_RUN, ROOT, SLOW_TASK, _free_port, _run_until,
                                    assert_accounted, command, fault_env, mlflow_trial_runs, run)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 @pytest.mark.parametrize("fault_name, executor, failure_class, fragment", [

@@ -13,7 +13,7 @@ import pytest
 from tests.suites.faults.cli_runs import (KILL_RUN, SLOW_TASK, _run_until, assert_accounted, command,
                                    fault_env, mlflow_trial_runs, records, run)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 def _resume_and_check(run_dir, before, fault, asked=4, executor="auto"):

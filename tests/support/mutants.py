@@ -1,0 +1,101 @@
+"""Mutations of the code that a named test must catch: ``python -m tests.support.mutants [NAME..]``.
+
+Each mutant is one textual change to one module (it must match exactly once), made in a copy of
+the repository, and the tests that are meant to catch it, run there; a mutant survives when
+they all pass. A test that claims to guard a rule names its mutant in its docstring; this runs
+those claims (`make test-mutants`; minutes, not part of `make test`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str          # the module changed, from the repository root
+    old: str           # text found exactly once in it
+    new: str
+    tests: tuple[str, ...]   # node ids (or files) of which at least one must fail
+
+
+MUTANTS = [
+    Mutant("saved dtype repair a no-op", "tuner/apply/dtype_origins.py",
+           '        kwargs["dtype"] = policy\n', "        pass\n",
+           ("tests/apply/loaded/test_loaded_dtypes.py::"
+            "test_a_loaded_model_computes_like_its_twin_built_in_code",
+            "tests/apply/loaded/test_loaded_dtypes.py::"
+            "test_a_saved_mixed_models_float32_softmax_stays_float32")),
+    Mutant("a trial never fails as precision_unreached", "tuner/worker/trial/trial.py",
+           "    return reached_none(reach)\n", "    return False\n",
+           ("tests/apply/loaded/test_loaded_trials.py::"
+            "test_layers_built_with_float32_in_code_fail_as_unreached",)),
+]
+
+
+def _copy(into: Path) -> None:
+    ignore = shutil.ignore_patterns(".venv*", ".git", "runs", "site", "dist", "test-results",
+                                    "__pycache__", ".pytest_cache", "*.db", "mlruns")
+    shutil.copytree(ROOT, into, ignore=ignore, dirs_exist_ok=True)
+
+
+def run(mutant: Mutant, workers: int) -> bool:
+    """True when the mutant was caught (a test failed)."""
+    with tempfile.TemporaryDirectory(prefix="mutant-") as folder:
+        copy = Path(folder) / "repo"
+        _copy(copy)
+        module = copy / mutant.path
+        text = module.read_text()
+        if text.count(mutant.old) != 1:
+            raise SystemExit(f"mutant {mutant.name!r}: its text occurs {text.count(mutant.old)} "
+                             f"times in {mutant.path}, not once: update tests/support/mutants.py")
+        module.write_text(text.replace(mutant.old, mutant.new))
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                   *mutant.tests]
+        if workers > 1:
+            command += ["-n", str(workers)]
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        completed = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True)
+        tail = (completed.stdout.strip().splitlines() or [""])[-1]
+        caught = completed.returncode == 1
+        if completed.returncode not in (0, 1):
+            print(completed.stdout[-2000:] + completed.stderr[-2000:])
+            raise SystemExit(f"mutant {mutant.name!r}: pytest could not run (exit "
+                             f"{completed.returncode})")
+        print(f"{'caught  ' if caught else 'SURVIVED'} {mutant.name}: {tail}", flush=True)
+        return caught
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.support.mutants",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all); "
+                        "substrings of their names")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.names or any(n in m.name for n in args.names)]
+    if args.list:
+        for mutant in chosen:
+            print(f"{mutant.name} ({mutant.path}): {', '.join(mutant.tests)}")
+        return 0
+    survived = [mutant.name for mutant in chosen if not run(mutant, args.workers)]
+    if survived:
+        print(f"{len(survived)} of {len(chosen)} mutants survived: {', '.join(survived)}")
+        return 1
+    print(f"all {len(chosen)} mutants caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
