@@ -52,6 +52,8 @@ TIER_OF_PATH = {
     "tests/project/": "cli",
     "tests/project/test_structure.py": "unit",
     "tests/records/": "unit",
+    "tests/records/test_tracking.py": "fast",       # MLflow's store in-process (it runs uname)
+    "tests/records/test_record_order.py": "fast",
     "tests/run/": "unit",
     "tests/run/test_timing.py": "fast",
     "tests/run/test_bench.py": "cli",

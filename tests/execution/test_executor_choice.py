@@ -28,6 +28,7 @@ def fake_gpus(tmp_path, monkeypatch):
     return install
 
 
+@pytest.mark.cli  # runs a fake nvidia-smi
 def test_gpus_are_counted_from_nvidia_smi_and_narrowed_by_cuda_visible_devices(
         fake_gpus, monkeypatch):
     fake_gpus(8)
@@ -47,6 +48,7 @@ def test_without_nvidia_smi_there_is_no_gpu(monkeypatch, tmp_path):
     assert visible_gpus() == 0
 
 
+@pytest.mark.cli  # runs a fake nvidia-smi
 def test_no_flags_on_a_machine_without_gpus_is_the_local_worker(fake_gpus):
     fake_gpus(0)
     choice = choose("auto", "auto", None, service_job=False)
@@ -54,12 +56,14 @@ def test_no_flags_on_a_machine_without_gpus_is_the_local_worker(fake_gpus):
     assert "no Ray to start" in choice.why and "local worker process" in choice.line()
 
 
+@pytest.mark.cli  # runs a fake nvidia-smi
 def test_one_gpu_is_one_worker_on_the_local_worker(fake_gpus):
     fake_gpus(1)
     assert (choose("auto", "auto", None, False).kind, choose("auto", "auto", None, False).workers
             ) == ("local", 1)
 
 
+@pytest.mark.cli  # runs a fake nvidia-smi
 def test_eight_gpus_are_eight_workers_side_by_side_on_ray(fake_gpus):
     fake_gpus(8)
     choice = choose("auto", "auto", None, service_job=False)

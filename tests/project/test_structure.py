@@ -234,6 +234,7 @@ def test_every_subpackage_says_what_it_owns():
     assert not missing, f"packages without their folder under tests/: {missing}"
 
 
+@pytest.mark.cli  # imports in a fresh interpreter
 def test_the_driver_imports_no_tensorflow_or_keras():
     """Importing every module outside apply/ and worker/ (the driver's whole code) leaves
     TensorFlow and Keras unloaded."""
@@ -246,6 +247,7 @@ def test_the_driver_imports_no_tensorflow_or_keras():
     assert completed.stdout.strip() == "[]"
 
 
+@pytest.mark.cli  # imports in a fresh interpreter
 def test_the_public_config_import_stays_light():
     code = ("import sys\nfrom tuner import PrecisionConfig\n"
             "print(sorted(m for m in ('tensorflow', 'keras', 'mlflow', 'ray', 'optuna') "
@@ -256,6 +258,7 @@ def test_the_public_config_import_stays_light():
     assert completed.stdout.strip() == "[]"
 
 
+@pytest.mark.cli  # imports in a fresh interpreter
 def test_the_submit_and_job_entrypoint_paths_import_no_heavy_package():
     """``precision-tuner submit`` (the parser and the job commands) and a service job's
     entrypoint (tuner.cli.handoff) are what a user waits on: neither imports Ray, MLflow,
