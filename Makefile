@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-fast docs docs-serve ui wheel clean
+.PHONY: setup setup-lowest browser demo test test-fast test-lowest docs docs-serve ui wheel clean
 
 setup: $(STAMP)
 
@@ -62,8 +62,31 @@ wheel:
 	.venv-build/bin/pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/*.whl
 
+# The other end of the declared range: a venv at the lower bounds pyproject.toml declares (read
+# from it by .ci/lowest_requirements.py and given to pip as constraints), then the quick tier,
+# one real tune of the digits example and one guarded apply there. `make test` is the newest end.
+LOWEST     ?= .venv-lowest
+LOWEST_BIN := $(LOWEST)/bin
+LOWEST_STAMP := $(LOWEST)/.installed
+
+setup-lowest: $(LOWEST_STAMP)
+
+$(LOWEST_STAMP): pyproject.toml .ci/lowest_requirements.py
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=python3"; exit 2; }
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST_BIN)/pip install --quiet --upgrade pip packaging
+	$(LOWEST_BIN)/python .ci/lowest_requirements.py cpu > $(LOWEST)/floors.txt
+	$(LOWEST_BIN)/pip install --quiet -c $(LOWEST)/floors.txt -e ".[cpu,dev]"
+	$(LOWEST_BIN)/pip freeze --exclude-editable > $(LOWEST)/freeze.txt
+	@touch $(LOWEST_STAMP)
+
+test-lowest: setup-lowest
+	$(LOWEST_BIN)/python .ci/lowest_check.py
+	$(LOWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m "unit or fast or cli or canary"
+
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .venv-build dist runs .pytest_cache site
+	rm -rf $(VENV) $(LOWEST) .venv-build dist runs .pytest_cache site
