@@ -81,9 +81,16 @@ $(LOWEST_STAMP): pyproject.toml .ci/lowest_requirements.py
 	$(LOWEST_BIN)/pip freeze --exclude-editable > $(LOWEST)/freeze.txt
 	@touch $(LOWEST_STAMP)
 
+# The floors' own checks first (a loaded model trained under the guard; the seam's version
+# differences; the range itself), then the quick tier, then one real tune (trials through
+# Optuna 5.0's study and the local worker, and through Ray 2.40 with two workers).
 test-lowest: setup-lowest
-	$(LOWEST_BIN)/python .ci/lowest_check.py
+	$(LOWEST_BIN)/python -m pytest -q tests/apply/guard/test_guarded_apply_loaded.py \
+		tests/apply/test_keras_internals.py tests/project/test_dependency_ranges.py
 	$(LOWEST_BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m "unit or fast or cli or canary"
+	rm -rf runs/lowest
+	$(LOWEST_BIN)/precision-tuner tune examples/digits_mlp.py --space quick --workers 2 \
+		--run-dir runs/lowest/tune --out runs/lowest/best_precision.json
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -18,6 +18,12 @@ from typing import Any, Callable
 
 import keras
 
+from tuner.dependency_versions import warn_if_unsupported
+
+# A Keras (or TensorFlow, Optuna, Ray, MLflow) outside the declared range: one line now, where
+# the seam is first imported, rather than a traceback from inside a training later.
+warn_if_unsupported()
+
 # The private names below, for the structure test: an attribute, a string given to
 # getattr/setattr, or a method overridden under one of these names, outside this module, fails it.
 KERAS_PRIVATE_NAMES = frozenset({
@@ -115,6 +121,17 @@ def optimizer_trainable_variables(optimizer: Any) -> list:
     """The variables ``optimizer`` was built for, in its order (``BaseOptimizer._trainable_variables``,
     since 3.0; checked 3.5): ``apply(grads)`` without variables pairs the gradients with these."""
     return list(optimizer._trainable_variables)
+
+
+def applied_updates(optimizer: Any) -> int:
+    """How many updates ``optimizer`` has applied (a step a loss scale skipped does not count).
+
+    A ``LossScaleOptimizer`` applies its updates through its inner optimizer, whose
+    ``iterations`` count them. From Keras 3.9 the wrapper's own ``iterations`` is the inner
+    one's; before (3.5 to 3.8) it is a variable of its own that never moves, so every step would
+    read as skipped. The inner optimizer's count is right at both."""
+    counter = getattr(optimizer, "inner_optimizer", optimizer).iterations
+    return int(keras.ops.convert_to_numpy(counter))
 
 
 # The optimizer method that maps a variable to its slot index (``BaseOptimizer._get_variable_index``,
