@@ -39,6 +39,15 @@ def _declared_ranges() -> dict[str, str]:
     return ranges
 
 
+def declared_range(name: str, source_tree: str) -> str:
+    """The range the installed precision-tuner declares for ``name``; ``source_tree`` where it
+    runs from a source tree without being installed (kept beside pyproject.toml's)."""
+    try:
+        return _declared_ranges().get(name, source_tree)
+    except (ImportError, metadata.PackageNotFoundError):
+        return source_tree
+
+
 def _installed(name: str) -> str | None:
     try:
         return metadata.version(name)
