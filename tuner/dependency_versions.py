@@ -15,6 +15,8 @@ import functools
 import warnings
 from importlib import metadata
 
+from tuner.errors import UsageError
+
 DISTRIBUTION = "precision-tuner"
 # The packages whose range is checked, by their import name; TensorFlow is one of two wheels.
 CHECKED = {"keras": ("keras",), "tensorflow": ("tensorflow", "tensorflow-cpu"),
@@ -88,8 +90,6 @@ def refuse_if_unsupported() -> None:
     commands that train get before they start anything)."""
     lines = unsupported_versions()
     if lines:
-        from tuner.errors import UsageError
-
         raise UsageError(lines[0])
 
 
