@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-quick test-mutants docs docs-serve ui wheel clean
+.PHONY: setup setup-lowest browser demo test test-quick test-lowest test-mutants docs docs-serve ui \
+	wheel clean
 
 setup: $(STAMP)
 
@@ -75,5 +76,36 @@ wheel:
 	.venv-build/bin/pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/*.whl
 
+# The other end of the declared range: a venv at the lower bounds pyproject.toml declares (read
+# from it by .ci/lowest_requirements.py and given to pip as constraints), then the quick tier,
+# one real tune of the digits example and one guarded apply there. `make test` is the newest end.
+LOWEST     ?= .venv-lowest
+LOWEST_BIN := $(LOWEST)/bin
+LOWEST_STAMP := $(LOWEST)/.installed
+
+setup-lowest: $(LOWEST_STAMP)
+
+$(LOWEST_STAMP): pyproject.toml .ci/lowest_requirements.py
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=python3"; exit 2; }
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST_BIN)/pip install --quiet --upgrade pip packaging
+	$(LOWEST_BIN)/python .ci/lowest_requirements.py cpu > $(LOWEST)/floors.txt
+	$(LOWEST_BIN)/pip install --quiet -c $(LOWEST)/floors.txt -e ".[cpu,dev]"
+	$(LOWEST_BIN)/pip freeze --exclude-editable > $(LOWEST)/freeze.txt
+	@touch $(LOWEST_STAMP)
+
+# The floors' own checks first (a loaded model trained under the guard; the seam's version
+# differences; the range itself), then the quick tier, then one real tune (trials through
+# Optuna 5.0's study and the local worker, and through Ray 2.40 with two workers).
+test-lowest: setup-lowest
+	$(LOWEST_BIN)/python -m pytest -q tests/apply/guard/test_guarded_apply_loaded.py \
+		tests/apply/test_keras_internals.py tests/project/test_dependency_ranges.py
+	$(LOWEST_BIN)/python -m tests.support.tier_run quick --workers $(TEST_WORKERS) --no-static \
+		--results test-results/lowest --quick-budget 0
+	rm -rf runs/lowest
+	$(LOWEST_BIN)/precision-tuner tune examples/digits_mlp.py --space quick --workers 2 \
+		--run-dir runs/lowest/tune --out runs/lowest/best_precision.json
+
 clean:
-	rm -rf $(VENV) .venv-build dist runs .pytest_cache site test-results
+	rm -rf $(VENV) $(LOWEST) .venv-build dist runs .pytest_cache site test-results

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TASKS
+from tuner.dependency_versions import declared_range
 
 
 def cli(*args, cwd=None):
@@ -232,8 +233,9 @@ def test_an_environment_without_tensorflow_is_told_which_extra_to_install(tmp_pa
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "TensorFlow is not installed" in lines[0], done.stderr
-    assert f'{sys.executable} -m pip install "tensorflow-cpu>=2.16,<3"' in lines[0]
-    assert '"tensorflow[and-cuda]>=2.16,<3"' in lines[0]
+    declared = declared_range("tensorflow-cpu", source_tree=">=2.16.1,<3")
+    assert f'{sys.executable} -m pip install "tensorflow-cpu{declared}"' in lines[0]
+    assert f'"tensorflow[and-cuda]{declared}"' in lines[0]
     assert not (tmp_path / "run").exists()
 
 

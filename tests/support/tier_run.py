@@ -23,16 +23,17 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "test-results"
+RESULTS = ROOT / "test-results"   # --results moves it
 # The public API the type checker holds: what `import tuner` exports and the two packages a
 # user's code calls (applying a config, tuning from Python).
 TYPED = ["tuner/__init__.py", "tuner/apply", "tuner/api"]
 LINTED = ["tuner", "tests", "benchmarks", "examples"]
 
 
-def _pytest(name: str, marks: str, workers: int, env: dict | None = None) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-m", marks, f"--junitxml={RESULTS}/{name}.xml",
-               "-o", "junit_family=xunit1", "-p", "no:cacheprovider"]
+def _pytest(name: str, marks: str, workers: int, results: Path) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "-q", "-m", marks,
+               f"--junitxml={results}/{name}.xml", "-o", "junit_family=xunit1",
+               "-p", "no:cacheprovider"]
     if workers > 1:
         command += ["-n", str(workers), "--dist", "loadscope"]
     else:
@@ -40,14 +41,17 @@ def _pytest(name: str, marks: str, workers: int, env: dict | None = None) -> lis
     return command
 
 
-def _phases(tier: str, workers: int) -> list[tuple[str, list[str], dict]]:
+def _phases(tier: str, workers: int, static: bool,
+            results: Path) -> list[tuple[str, list[str], dict]]:
+    checks = [("lint", [sys.executable, "-m", "ruff", "check", *LINTED], {}),
+              ("types", [sys.executable, "-m", "mypy", *TYPED], {})] if static else []
     quick = [
-        ("lint", [sys.executable, "-m", "ruff", "check", *LINTED], {}),
-        ("types", [sys.executable, "-m", "mypy", *TYPED], {}),
-        ("unit", _pytest("unit", "unit", 1), {"PT_UNIT_ONLY": "1"}),
-        ("quick", _pytest("quick", "fast or cli or canary", workers), {}),
+        *checks,
+        ("unit", _pytest("unit", "unit", 1, results), {"PT_UNIT_ONLY": "1"}),
+        ("quick", _pytest("quick", "fast or cli or canary", workers, results), {}),
     ]
-    rest = [("rest", _pytest("rest", "(slow or system) and not canary", workers), {})]
+    rest = [("rest", _pytest("rest", "(slow or system) and not canary", workers,
+                                 results), {})]
     return {"quick": quick, "rest": rest, "all": quick + rest}[tier]
 
 
@@ -69,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="pytest-xdist workers for the parallel phases (default 2)")
     parser.add_argument("--quick-budget", type=float,
                         default=float(os.environ.get("QUICK_BUDGET_S", 300)),
-                        help="seconds the quick tier may take (default 300)")
+                        help="seconds the quick tier may take (default 300; 0: no budget)")
+    parser.add_argument("--no-static", dest="static", action="store_false",
+                        help="leave out lint and types (the code's, not the environment's: "
+                             "`make test-lowest` runs the tests alone at the declared floors)")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where the JUnit files and durations.txt go (default test-results)")
     args = parser.parse_args(argv)
-    RESULTS.mkdir(exist_ok=True)
+    results = args.results if args.results.is_absolute() else ROOT / args.results
+    results.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
     failed: list[str] = []
     quick_started = time.monotonic()
-    for name, command, env in _phases(args.tier, args.workers):
+    for name, command, env in _phases(args.tier, args.workers, args.static, results):
         print(f"\n== {name}: {' '.join(command[1:])}", flush=True)
         started = time.monotonic()
         code = subprocess.call(command, cwd=ROOT, env={**os.environ, **env})
@@ -89,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
             walls["quick tier"] = time.monotonic() - quick_started
     lines = [f"{name:>10}: {wall:7.1f} s" for name, wall in walls.items()]
     for phase in ("unit", "quick", "rest"):
-        slowest = _slowest(RESULTS / f"{phase}.xml", 10)
+        slowest = _slowest(results / f"{phase}.xml", 10)
         if slowest:
             lines.append(f"\nslowest of {phase}:")
             lines += [f"  {seconds:7.1f} s  {name}" for seconds, name in slowest]
-    (RESULTS / "durations.txt").write_text("\n".join(lines) + "\n")
+    (results / "durations.txt").write_text("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))
     quick_wall = walls.get("quick tier")
-    if quick_wall is not None and quick_wall > args.quick_budget:
+    if quick_wall is not None and 0 < args.quick_budget < quick_wall:
         print(f"\nthe quick tier took {quick_wall:.0f} s, over its budget of "
               f"{args.quick_budget:.0f} s: move what made it slow to the slow tier "
               "(tests/conftest.py TIER_OF_PATH) or make it faster", flush=True)

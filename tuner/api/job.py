@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import interrupt, job_context
+from tuner.dependency_versions import refuse_if_unsupported
 from tuner.errors import UsageError
 from tuner.api.progress import live_progress
 from tuner.api.result import TuneResult
@@ -69,6 +70,7 @@ def _run(options: TuneOptions) -> None:
     started = time.perf_counter()
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     # Everything that can be refused is refused before anything is written.
+    refuse_if_unsupported()
     task_path = check_task_file(options.task)
     if not options.ray_address:  # trials run here: this environment needs TensorFlow
         require_tensorflow()

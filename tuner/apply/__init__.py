@@ -1,5 +1,6 @@
-"""What a user's training process imports to apply an exported config, from the floor up: the
-config's vocabularies as types, the loss-scale kind and the weight update (``vocabulary``); its
+"""What a user's training process imports to apply an exported config, from the floor up: every
+private Keras name the project touches, in one seam (``keras_internals``); the config's
+vocabularies as types, the loss-scale kind and the weight update (``vocabulary``); its
 data, checks and file format (``config_data``); the layer walks and the call hook
 (``layers``) and the instruments the guard and the tuner's worker both read a model with
 (``instruments``); where each layer's dtype came from, and the rule that gives a layer loaded from a saved file or

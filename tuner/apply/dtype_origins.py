@@ -36,8 +36,8 @@ import weakref
 from collections import Counter
 from typing import Any
 
-_CONFIG_FRAMES = ("from_config", "functional_from_config")
-_CLONE_FRAME = "clone_model"
+# Keras's deserialisation frames, and the locals that hold what they deserialise, are named in
+# tuner.apply.keras_internals (CONFIG_FRAMES, CONFIG_LOCALS, CLONE_FRAME, CLONE_LOCAL).
 _FLOAT_POLICIES = ("float32", "float16", "bfloat16", "mixed_float16", "mixed_bfloat16",
                    "float64")
 _PLAIN_POLICY_CLASSES = ("DTypePolicy", "FloatDTypePolicy", "Policy")
@@ -161,6 +161,8 @@ class SavedDtypes:
         dtype there."""
         import keras
 
+        from tuner.apply.keras_internals import CONFIG_FRAMES
+
         frame = caller
         while frame is not None:
             owner = frame.f_locals.get("self")
@@ -169,25 +171,28 @@ class SavedDtypes:
                 frame = frame.f_back
                 continue
             break
-        if frame is None or frame.f_code.co_name not in _CONFIG_FRAMES:
+        if frame is None or frame.f_code.co_name not in CONFIG_FRAMES:
             return False, None
         return True, self._own_dtype(frame)
 
     def _own_dtype(self, frame: Any) -> str | None:
+        from tuner.apply.keras_internals import CLONE_FRAME, CLONE_LOCAL, CONFIG_FRAMES, \
+            CONFIG_LOCALS
+
         # Functional's from_config pops the layer list out of ``config`` into its local
         # ``functional_config`` before it builds the layers: read whichever holds them.
         configs: list[dict] = []
         clone_source = None
         while frame is not None:
             name = frame.f_code.co_name
-            if name in _CONFIG_FRAMES:
-                for local in ("functional_config", "config"):
+            if name in CONFIG_FRAMES:
+                for local in CONFIG_LOCALS:
                     config = frame.f_locals.get(local)
                     if isinstance(config, dict):
                         configs.append(config)
                         break
-            elif name == _CLONE_FRAME and hasattr(frame.f_locals.get("model"), "dtype_policy"):
-                clone_source = frame.f_locals["model"]
+            elif name == CLONE_FRAME and hasattr(frame.f_locals.get(CLONE_LOCAL), "dtype_policy"):
+                clone_source = frame.f_locals[CLONE_LOCAL]
             frame = frame.f_back
         if clone_source is not None:
             return self._remember(clone_source, lambda: own_dtype(

@@ -9,6 +9,7 @@ from typing import Any
 
 import keras
 
+from tuner.apply.keras_internals import current_call_entry_layer
 from tuner.apply.layers import float_needing_cast
 
 _FLOAT32 = "float32"
@@ -22,8 +23,6 @@ def cast_outputs_to_float32(model: keras.Model) -> None:
     outputs feed 16-bit layers, or a parent's raw ops, and stay as they are. Wraps the model's
     ``call`` (an instance attribute, as the placements' hand-back does) when it is constructed,
     so it holds inside the scope (where the tuner's worker trains) and after it."""
-    from keras.src.backend.common import global_state
-
     keras_call = model.call
 
     def to_float32(value: Any) -> Any:
@@ -33,8 +32,8 @@ def cast_outputs_to_float32(model: keras.Model) -> None:
     @functools.wraps(keras_call)
     def call(*args, **kwargs):
         output = keras_call(*args, **kwargs)
-        context = global_state.get_global_attribute("current_call_ctx")
-        if context is not None and context.entry_layer is not model:
+        entry = current_call_entry_layer()
+        if entry is not None and entry is not model:
             return output
         return keras.tree.map_structure(to_float32, output)
 

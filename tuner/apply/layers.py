@@ -14,6 +14,9 @@ from typing import Any, Iterator, Sequence
 
 import keras
 
+from tuner.apply.keras_internals import (current_name_scope_path, direct_sublayers,
+                                          is_functional, parent_path)
+
 _NORMALIZATION_TYPES = tuple(
     getattr(keras.layers, name) for name in
     ("BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization",
@@ -64,7 +67,7 @@ def matching_patterns(layer: keras.layers.Layer, path: str | None,
 def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     # Keras's own traversal (what Model.layers and summary() use): it also lists the layers a
     # parent created itself (MultiHeadAttention's softmax, Bidirectional's copies).
-    return list(layer._flatten_layers(include_self=False, recursive=False))
+    return direct_sublayers(layer)
 
 
 def layer_paths(root: keras.layers.Layer) -> list[tuple[keras.layers.Layer, str]]:
@@ -134,12 +137,8 @@ def prospective_path(layer: keras.layers.Layer) -> str | None:
     the layer's name scope under the current one (or under the parent path it already has)."""
     if layer.path:
         return layer.path
-    try:
-        from keras.src.backend.common.name_scope import current_path
-    except ImportError:  # a private module: without it names still match, paths do not
-        return None
-    parent = getattr(layer, "_parent_path", None)
-    parent = current_path() if parent is None else parent
+    parent = parent_path(layer)
+    parent = current_name_scope_path() if parent is None else parent
     return f"{parent}/{layer.name}" if parent else layer.name
 
 
@@ -153,9 +152,7 @@ def float_needing_cast(value: Any, target: str) -> bool:
 
 def runs_a_graph(layer: keras.layers.Layer) -> bool:
     """A functional or Sequential model: its layers cast their own inputs."""
-    from keras.src.models.functional import Functional
-
-    return isinstance(layer, (Functional, keras.Sequential))
+    return is_functional(layer)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ it (the layer side is :mod:`tuner.apply.scope`). TensorFlow/Keras only here and 
 
 Keras 3's ``LossScaleOptimizer`` has no floor (its scale can decay towards zero) and no fixed
 mode; its ``loss_scale_factor`` fails on sparse gradients. The two subclasses below fill those
-gaps through the optimizer's own extension point, the handling of non-finite gradients.
+gaps through the optimizer's own extension point, the handling of non-finite gradients (under
+its public name in tuner.apply.keras_internals, which also decides a step over every replica).
 """
 
 from __future__ import annotations
@@ -12,42 +13,14 @@ from __future__ import annotations
 import keras
 
 from tuner.apply.config_data import ConfigData
+from tuner.apply.keras_internals import LossScaleOptimizerHooks
 from tuner.apply.vocabulary import LossScaleKind
 from tuner.apply.weight_update import wrap
 
 
 
-class _SkipsOnEveryReplica(keras.optimizers.LossScaleOptimizer):
-    """Under ``tf.distribute``, Keras's ``LossScaleOptimizer`` decides whether to apply a step
-    from the first replica's gradients alone, before they are summed: where another replica's
-    are non-finite (its share of the batch overflowed), the step is applied, the sum is
-    non-finite, and the weights become NaN. Here the step is applied only where every
-    replica's gradients are finite."""
-
-    def _tf_apply(self, grads, trainable_variables=None):
-        import tensorflow as tf
-
-        if tf.distribute.in_cross_replica_context() \
-                or tf.__internal__.distribute.strategy_supports_no_merge_call():
-            return super()._tf_apply(grads, trainable_variables)
-
-        def apply_where_finite_everywhere(strategy, grads, variables):
-            verdicts = strategy.experimental_local_results(
-                strategy.extended.call_for_each_replica(self.check_finite, args=(grads,)))
-            finite = tf.reduce_all(tf.stack([tf.identity(each) for each in verdicts]))
-
-            def apply():
-                strategy.extended.call_for_each_replica(self._stateful_handle_finite_grads,
-                                                        args=(grads, variables))
-
-            keras.ops.cond(finite, apply, self._stateful_handle_non_finite_grads)
-
-        tf.distribute.get_replica_context().merge_call(apply_where_finite_everywhere,
-                                                       args=(grads, trainable_variables))
-
-
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FlooredLossScaleOptimizer(_SkipsOnEveryReplica):
+class FlooredLossScaleOptimizer(LossScaleOptimizerHooks):
     """A dynamic ``LossScaleOptimizer`` whose scale never drops below ``floor``.
 
     Keras's own scale halves on every non-finite step and can decay towards zero, after which
@@ -67,7 +40,7 @@ class FlooredLossScaleOptimizer(_SkipsOnEveryReplica):
         return cls(optimizer, initial_scale=scale.initial_scale,
                    dynamic_growth_steps=scale.growth_steps, floor=scale.floor)
 
-    def _stateful_handle_non_finite_grads(self):
+    def on_non_finite_step(self):
         self.step_counter.assign(0)
         halved = keras.ops.multiply(self.dynamic_scale, 0.5)
         self.dynamic_scale.assign(keras.ops.maximum(halved, self.floor))
@@ -79,7 +52,7 @@ class FlooredLossScaleOptimizer(_SkipsOnEveryReplica):
 
 
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FixedLossScaleOptimizer(_SkipsOnEveryReplica):
+class FixedLossScaleOptimizer(LossScaleOptimizerHooks):
     """A ``LossScaleOptimizer`` whose scale stays at ``initial_scale``: it neither halves nor
     grows, and a step with non-finite gradients is skipped rather than applied.
 
@@ -100,7 +73,7 @@ class FixedLossScaleOptimizer(_SkipsOnEveryReplica):
         """``optimizer`` wrapped to apply ``scale`` (a config's fixed ``LossScale``)."""
         return cls(optimizer, initial_scale=scale.value)
 
-    def _stateful_handle_non_finite_grads(self):
+    def on_non_finite_step(self):
         self.step_counter.assign(0)  # skip the step; keep the scale
 
 

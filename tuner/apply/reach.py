@@ -65,10 +65,11 @@ def precision_reach(model: Any, policy: str,
 
 
 def _own_parameters(layer: Any) -> int:
-    # Keras 3 keeps the weights a layer created itself in these two lists (its sublayers'
-    # are in their own): each weight is counted once, with the layer that computes with it.
-    own = list(getattr(layer, "_trainable_variables", [])) \
-        + list(getattr(layer, "_non_trainable_variables", []))
+    from tuner.apply.keras_internals import own_variables
+
+    # Only the weights a layer created itself (its sublayers' are their own): each weight is
+    # counted once, with the layer that computes with it.
+    own = own_variables(layer)
     count = 0
     for variable in own:
         if str(variable.dtype) not in _ITEM_BYTES:

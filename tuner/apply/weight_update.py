@@ -79,12 +79,16 @@ class _Updates:
         self.compensation: dict[int, Any] = {}    # id(weight) -> Kahan buffer
 
     def install(self) -> None:
+        from tuner.apply.keras_internals import VARIABLE_INDEX_METHOD
+
         optimizer = self.optimizer
         self.keras_assign = optimizer.assign
-        for name in ("build", "update_step", "_get_variable_index", "assign", "assign_add",
+        for name in ("build", "update_step", VARIABLE_INDEX_METHOD, "assign", "assign_add",
                      "assign_sub"):
             method = getattr(optimizer, name)
-            wrapper = getattr(self, f"_{name.lstrip('_')}")
+            # Keras's private slot-index method is wrapped by a method named for what it does.
+            wrapper = self._variable_index if name == VARIABLE_INDEX_METHOD \
+                else getattr(self, f"_{name}")
             object.__setattr__(optimizer, name, functools.wraps(method)(
                 functools.partial(wrapper, method)))
 
@@ -93,7 +97,7 @@ class _Updates:
             return keras_update_step(gradient, variable, learning_rate)
         return keras_update_step(gradient, _Float32View(variable), learning_rate)
 
-    def _get_variable_index(self, keras_get_variable_index, variable):
+    def _variable_index(self, keras_get_variable_index, variable):
         if isinstance(variable, _Float32View):
             variable = variable.weight
         return keras_get_variable_index(variable)

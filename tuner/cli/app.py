@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tuner.dependency_versions import refuse_if_unsupported
 from tuner.errors import TunerError, UsageError
 from tuner.cli import jobs
 from tuner.cli.jobs import FORWARDED
@@ -234,6 +235,11 @@ def _version() -> str:
     return __version__
 
 
+# The commands that train or serve with Keras, TensorFlow, Optuna, Ray or MLflow: each refuses,
+# in one line, a package outside the range precision-tuner declares (tuner.dependency_versions).
+_TRAINING_COMMANDS = {"tune", "train", "bench", "diagnose", "ui", "service"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -241,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in _TRAINING_COMMANDS:  # they import Keras and TensorFlow: in range?
+            refuse_if_unsupported()
         return _run(args)
     except UsageError as exc:
         print(f"precision-tuner: error: {exc}", file=sys.stderr)

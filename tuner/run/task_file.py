@@ -15,6 +15,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from tuner.dependency_versions import declared_range
 from tuner.errors import TaskError, UsageError
 
 REQUIRED = ("build_model", "train_data", "LOSS")
@@ -75,7 +76,8 @@ def require_tensorflow() -> None:
         python = sys.executable if " " not in sys.executable else f'"{sys.executable}"'
         raise UsageError(f"TensorFlow is not installed in this environment. Install it: "
                          f"{python} -m pip install \"{tensorflow_requirement()}\" (an NVIDIA "
-                         "GPU on Linux: \"tensorflow[and-cuda]>=2.16,<3\"; docs/install.md)")
+                         f"GPU on Linux: \"tensorflow[and-cuda]{_tensorflow_range('tensorflow')}\"; "
+                         "docs/install.md)")
 
 
 def tensorflow_requirement(machine: str | None = None, system: str | None = None) -> str:
@@ -87,4 +89,9 @@ def tensorflow_requirement(machine: str | None = None, system: str | None = None
     machine = (machine or platform.machine()).lower()
     system = system or sys.platform
     cpu_wheel = machine in ("x86_64", "amd64") and system != "darwin"
-    return f"{'tensorflow-cpu' if cpu_wheel else 'tensorflow'}>=2.16,<3"
+    name = "tensorflow-cpu" if cpu_wheel else "tensorflow"
+    return f"{name}{_tensorflow_range(name)}"
+
+
+def _tensorflow_range(name: str) -> str:
+    return declared_range(name, source_tree=">=2.16.1,<3")  # pyproject.toml's, uninstalled

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from tuner.apply.guard import cause
+from tuner.apply.keras_internals import compiled_loss, compiled_loss_tracker
 from tuner.apply.loss_scaling import held_optimizers
 
 
@@ -33,7 +34,7 @@ def traceable(model: keras.Model) -> bool:
 def loss_traceable(model: keras.Model) -> bool:
     """Can the guard compute the model's loss on a batch itself (a ``call`` and a compiled
     loss)? Where it cannot, it learns what a loss scale does from the model's own step."""
-    return traceable(model) and getattr(model, "_compile_loss", None) is not None
+    return traceable(model) and compiled_loss(model) is not None
 
 
 def evaluate_as_is_and_in_float32(model: keras.Model, data: Any) -> dict[str, float]:
@@ -57,7 +58,7 @@ def non_finite_weights(model: keras.Model) -> bool:
 
 def loss_tracker(model: keras.Model):
     """Keras's running-mean loss metric (or a custom ``train_step``'s own, named "loss")."""
-    for metric in [getattr(model, "_loss_tracker", None), *model.metrics]:
+    for metric in [compiled_loss_tracker(model), *model.metrics]:
         if metric is not None and getattr(metric, "name", None) == "loss" \
                 and hasattr(metric, "total") and hasattr(metric, "count"):
             return metric

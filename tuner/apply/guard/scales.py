@@ -18,6 +18,7 @@ import keras
 
 from tuner.apply.guard import cause, readings
 from tuner.apply.guard.state import Snapshot
+from tuner.apply.keras_internals import applied_updates
 from tuner.apply.loss_scaling import current_loss_scale, held_optimizers, loss_scale_kind
 
 KERAS_FLOOR = 2.0**-24   # Keras's own LossScaleOptimizer has no floor: its scale backs off
@@ -49,7 +50,7 @@ class ScaleWatch:
 
     def read_iterations(self) -> int:
         """Updates applied so far (a skipped step does not count)."""
-        return int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+        return applied_updates(self.optimizer)
 
     @property
     def applied(self) -> bool:

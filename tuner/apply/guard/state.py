@@ -24,6 +24,7 @@ from typing import Any
 import keras
 
 from tuner.apply.instruments import HostCopy
+from tuner.apply.keras_internals import step_on_batches
 from tuner.apply.loss_scaling import held_optimizers
 
 
@@ -84,6 +85,9 @@ class BatchKeeper:
         if keras_function is None or getattr(keras_function, "_precision_guard", False):
             return False
         keeper = self
+        # Keras's compiled step, called with a list of the batches taken here (its calling
+        # convention differs between Keras versions: tuner.apply.keras_internals).
+        step = step_on_batches(model, keras_function)
 
         def train_function(iterator):
             if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -97,9 +101,9 @@ class BatchKeeper:
             if not batches:
                 raise StopIteration  # the end of the data, as fit expects it
             keeper._batch, keeper._joined = batches[-1], None   # a reference, joined if asked
-            # A list is not an iterator: Keras runs its compiled step on each element (under a
-            # strategy, each replica on its own share of the distributed element).
-            return keras_function(batches)
+            # Keras runs its compiled step on each element (under a strategy, each replica on
+            # its own share of the distributed element).
+            return step(batches)
 
         train_function._precision_guard = True
         model.train_function = train_function

@@ -32,6 +32,7 @@ from tuner.worker.task.task_model import compile_by_task, watch_step
 def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
     """Diagnostics (``layer_ranges``' shape) from ``steps`` watched training steps of ``model``,
     compiled by the task's ``compile_model`` with gradient-recording optimizers."""
+    from tuner.apply.keras_internals import optimizer_trainable_variables
     from tuner.apply.layers import hook_layer_calls
 
     applied: list[tuple[Any, Any]] = []   # (variable, gradient) as the optimizers received them
@@ -41,7 +42,7 @@ def diagnose_by_steps(task, model, batches: list, steps: int) -> dict[str, Any]:
 
         def apply_and_record(grads, trainable_variables=None):
             variables = trainable_variables if trainable_variables is not None \
-                else optimizer._trainable_variables
+                else optimizer_trainable_variables(optimizer)
             applied.extend(zip(variables, grads))
             return apply(grads, trainable_variables)
 

@@ -45,6 +45,8 @@ def _elementwise(prediction_shape, target_shape) -> bool:
 def _producers(prediction, captured: list) -> list[tuple[str, Any]]:
     """The layer whose call returned ``prediction`` (by identity, else the last call with its
     shape), then, while the layer has no weights, the one layer feeding it."""
+    from tuner.apply.keras_internals import inbound_nodes
+
     found = next(((path, layer) for path, layer, tensor in reversed(captured)
                   if tensor is prediction), None) or next(
         ((path, layer) for path, layer, tensor in reversed(captured)
@@ -54,7 +56,7 @@ def _producers(prediction, captured: list) -> list[tuple[str, Any]]:
     paths = {id(layer): path for path, layer, _ in captured}
     chain = [found]
     while not chain[-1][1].weights and len(chain) < 8:
-        nodes = getattr(chain[-1][1], "_inbound_nodes", None) or []
+        nodes = inbound_nodes(chain[-1][1])
         parents = {id(parent.operation): parent.operation
                    for node in nodes for parent in getattr(node, "parent_nodes", [])}
         if len(parents) != 1:

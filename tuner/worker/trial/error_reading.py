@@ -218,6 +218,7 @@ def _failure_context(model) -> tuple[list[str], list[str]]:
     and the layers whose last call added a loss term that is not float32 (``add_loss``)."""
     if model is None:
         return [], []
+    from tuner.apply.keras_internals import added_losses
     from tuner.apply.layers import layer_paths
 
     try:
@@ -226,5 +227,5 @@ def _failure_context(model) -> tuple[list[str], list[str]]:
         return [], []
     loss_layers = [path for layer, path in pairs
                    if any(getattr(term, "dtype", "float32") not in ("float32", "float64")
-                          for term in getattr(layer, "_losses", []))]
+                          for term in added_losses(layer))]
     return [path for _, path in pairs], loss_layers

@@ -81,6 +81,7 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
     """
     import keras
 
+    from tuner.apply.keras_internals import applied_updates
     from tuner.apply.loss_scaling import current_loss_scale
 
     sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
@@ -102,7 +103,7 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
 
         def on_train_batch_begin(self, batch, logs=None):
             self.model.reset_metrics()
-            self.iterations = [int(optimizer.iterations.numpy()) if skips else None
+            self.iterations = [applied_updates(optimizer) if skips else None
                                for (_, optimizer), skips in zip(watched, self.may_skip)]
             self.started = time.perf_counter()
 
@@ -125,10 +126,11 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
 def _record_scales(result: TrialResult, watched: list, iterations: list, step: int) -> None:
     """Each optimizer's loss scale after ``step``, and whether it skipped the step (its
     ``iterations`` did not move from ``iterations``: None where it cannot skip)."""
+    from tuner.apply.keras_internals import applied_updates
     from tuner.apply.loss_scaling import current_loss_scale
 
     scales = [current_loss_scale(optimizer) for _, optimizer in watched]
-    skipped = [before is not None and int(optimizer.iterations.numpy()) == before
+    skipped = [before is not None and applied_updates(optimizer) == before
                for (_, optimizer), before in zip(watched, iterations)]
     result.loss_scales.append(_lowest(scales))
     if any(skipped):   # a LossScaleOptimizer skipped its update

@@ -1,0 +1,112 @@
+"""The declared dependency range: its floors as ``make test-lowest`` pins them
+(.ci/lowest_requirements.py), and the one line a package outside it gets
+(tuner.dependency_versions), read from the installed distribution's metadata."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tuner import dependency_versions
+from tuner.cli.app import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lowest_requirements():
+    spec = importlib.util.spec_from_file_location("lowest_requirements",
+                                                  ROOT / ".ci" / "lowest_requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_floors_are_pinned_from_pyproject_with_markers_kept():
+    lowest = _lowest_requirements()
+    assert lowest.pinned_at_floor("keras>=3.5.0,<4") == "keras==3.5.0"
+    assert lowest.pinned_at_floor("mlflow[auth]>=3.9.0,<4") == "mlflow==3.9.0"
+    assert lowest.pinned_at_floor("tensorflow-cpu>=2.16.1,<3; sys_platform != 'darwin'") \
+        == 'tensorflow-cpu==2.16.1; sys_platform != "darwin"'
+    assert lowest.pinned_at_floor("scikit-learn") == ""
+    pins = lowest.lowest_requirements(["cpu"])
+    names = {line.split("==")[0] for line in pins}
+    assert {"keras", "tensorflow-cpu", "optuna", "mlflow", "ray"} <= names
+    assert all("==" in line for line in pins)
+
+
+def test_every_checked_package_declares_a_floor_and_a_ceiling():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["cpu"]
+    lowest = _lowest_requirements()
+    for names in dependency_versions.CHECKED.values():
+        for name in names:
+            found = [text for text in declared
+                     if lowest.Requirement(text).name == name]
+            assert found, f"{name} is not declared"
+            operators = {spec.operator for spec in lowest.Requirement(found[0]).specifier}
+            assert {">=", "<"} <= operators, found[0]
+
+
+@pytest.fixture
+def keras_at(monkeypatch):
+    """Pretend the installed Keras is at a given version, with the declared range fixed."""
+    ranges = {"keras": ">=3.5.0,<4", "tensorflow-cpu": ">=2.16.1,<3"}
+    monkeypatch.setattr(dependency_versions, "_declared_ranges", lambda: ranges)
+
+    def at(version):
+        real = metadata.version
+        monkeypatch.setattr(dependency_versions.metadata, "version",
+                            lambda name: version if name == "keras" else real(name))
+        dependency_versions.unsupported_versions.cache_clear()
+
+    yield at
+    dependency_versions.unsupported_versions.cache_clear()
+
+
+@pytest.mark.parametrize("version", ["3.4.1", "4.0.0"])
+def test_a_keras_outside_the_range_gets_one_line_naming_the_fix(keras_at, version):
+    keras_at(version)
+    lines = dependency_versions.unsupported_versions()
+    assert lines == (f"keras {version} is outside precision-tuner's supported range "
+                     '>=3.5.0,<4; fix: pip install "keras>=3.5.0,<4"',)
+    with pytest.warns(dependency_versions.UnsupportedVersionWarning, match="keras"):
+        dependency_versions.warn_if_unsupported()
+
+
+def test_a_keras_inside_the_range_gets_nothing(keras_at):
+    keras_at("3.5.0")
+    assert dependency_versions.unsupported_versions() == ()
+
+
+def test_tune_refuses_an_unsupported_keras_in_one_line_before_it_starts(keras_at, capsys,
+                                                                        tmp_path):
+    keras_at("3.4.1")
+    code = main(["tune", str(ROOT / "examples" / "digits_mlp.py"), "--run-dir",
+                 str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.splitlines() == ["precision-tuner: error: keras 3.4.1 is outside precision-tuner's "
+                                'supported range >=3.5.0,<4; fix: pip install "keras>=3.5.0,<4"']
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_installed_environment_is_inside_the_range():
+    # What `make test` and `make test-lowest` install must satisfy what the project declares.
+    dependency_versions.unsupported_versions.cache_clear()
+    assert dependency_versions.unsupported_versions() == ()
+
+
+def test_the_check_imports_nothing_heavy():
+    code = ("import sys, tuner.dependency_versions as d; d.unsupported_versions(); "
+            "print(sorted(m for m in ('keras', 'tensorflow', 'ray', 'mlflow', 'optuna') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
