@@ -25,111 +25,23 @@ batch showed, what was done) and each able to end it:
     changes made on it;
 13. ``NothingRepaired``: twice with nothing to repair, the last resort.
 
-A new repair is one rung (``Rung``: a callable on the ladder and the trip) passed to the guard,
-or one line in ``RUNGS``. Past 300 lines: the rungs read top to bottom in the order they run,
+A new repair is one rung (``trip.Rung``: a callable on the ladder and the trip) passed to the
+guard, or one line in ``RUNGS``. Past 300 lines: the rungs read top to bottom in the order they run,
 which one file keeps.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-import keras
+from typing import Callable, Sequence
 
 from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, scales
-from tuner.apply.guard.cause import Probe
 from tuner.apply.guard.detectors import Finding, TripReport
-from tuner.apply.guard.failures import Failure, of_precision, of_the_scale
+from tuner.apply.guard.failures import Failure, of_the_scale
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.training import Replaced, Training
+from tuner.apply.guard.trip import LAYERS, SCALE, End, LayerMove, Rung, Trip
 
-LAYERS, SCALE = "layers", "scale"   # the kinds of repair a trip makes (what a take-back rejects)
-
-
-class End(enum.Enum):
-    """How a trip ends: the next rung runs (``GOING``), none does (``DONE``), or the training
-    stops, out of repairs with no last resort (``STOP``)."""
-
-    GOING = "going"
-    DONE = "done"
-    STOP = "stop"
-
-
-@dataclass(frozen=True)
-class LayerMove:
-    """A layer moved to float32 for its backward pass, and the policies it changed (undone
-    where moving layers does not make the gradients fit)."""
-
-    layer: str
-    changed: list
-
-
-@dataclass
-class Trip:
-    """One repair: the findings, the batch they are diagnosed on, and what the rungs found and
-    did. ``watches``: every optimizer whose loss scale failed (``watch``: the first);
-    ``replaced``: the state before it, to take it back; ``repairs``: what kinds of repair it
-    made (``LAYERS``, ``SCALE``)."""
-
-    findings: list[Finding]
-    batch: Any
-    watches: list[ScaleWatch]
-    replaced: Replaced | None = None
-    restored: int | None = None     # the step of the snapshot put back
-    found: Probe | None = None
-    broken: bool = False            # the update made the weights non-finite
-    moved: list[str] = field(default_factory=list)
-    backward: list[LayerMove] = field(default_factory=list)
-    rescales: list[Callable[[], str]] = field(default_factory=list)
-    repairs: set[str] = field(default_factory=set)
-    actions: list[str] = field(default_factory=list)
-    why: str = ""
-    end: End = End.GOING
-
-    @property
-    def kind(self) -> str:
-        return self.findings[0].kind
-
-    @property
-    def seen(self) -> str:
-        return "; ".join(finding.seen for finding in self.findings)
-
-    @property
-    def watch(self) -> ScaleWatch | None:
-        return self.watches[0] if self.watches else None
-
-    @property
-    def of_the_scale(self) -> bool:
-        return of_the_scale(self.kind)
-
-    @property
-    def of_precision(self) -> bool:
-        return of_precision(self.kind)
-
-    @property
-    def signature(self) -> tuple:
-        """What failed, as the ladder remembers it across trips: the optimizers whose scale
-        failed, else the kind."""
-        return tuple(sorted(w.name for w in self.watches)) if self.of_the_scale else (self.kind,)
-
-    @property
-    def action(self) -> str:
-        said = "; ".join(self.actions)
-        return f"restored step {self.restored}; {said}" if self.restored is not None else said
-
-    def x(self) -> Any:
-        return keras.utils.unpack_x_y_sample_weight(self.batch)[0]
-
-    def report(self, training: Training) -> TripReport:
-        return TripReport(self.kind, training.position, self.restored is not None,
-                          frozenset(self.repairs), self.replaced, self.signature,
-                          training.step, self.action)
-
-
-Rung = Callable[["Ladder", Trip], None]
-
+__all__ = ["End", "Ladder", "Rung", "RUNGS", "Trip"]
 
 class Ladder:
     """The rungs and what they share across trips: repairs spent, trips that repaired nothing
