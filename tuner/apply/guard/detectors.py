@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import keras
 
 from tuner.apply.guard import cause, fidelity, precision_loss, readings, scales
-from tuner.apply.guard.failures import Failure
+from tuner.apply.guard.failures import Failure, of_precision
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import Harm, InARow, Spacing, SpikeWatch
@@ -289,7 +289,11 @@ class RepairHarm(Detector):
     def after_trip(self, report: TripReport) -> None:
         replaced, self._judging = self._losses, None
         self._losses = {p: loss for p, loss in replaced.items() if p <= report.position}
-        if not report.repairs or report.replaced is None or not report.replaced.going:
+        if not report.repairs or report.replaced is None or not report.replaced.going \
+                or of_precision(report.kind):
+            # A precision failure's replaced run is not a level to hold the repair to: its loss
+            # as it runs is what rounding made of it (offset_blocks: 0.43 as it runs, 8.6 in
+            # float32; the repaired run starts over at 1.1 and ends at float32's 0.006).
             return
         harm = Harm(replaced, report.position, report.replaced.position)
         if harm.judgeable:
