@@ -20,9 +20,9 @@ repair ladder (tuner.apply.guard.ladder):
 - ``float32_gap``: ``float32_check=``'s data, evaluated as the model runs and in float32, more
   than 1.25x apart two epochs running.
 - ``repair_worse``: a repaired run (after any repair but a precision one) does worse than the
-  run the repair replaced (its median
-  step loss over the 16 steps after the repair beyond 1.25x the replaced run's): the repair is
-  taken back, and the next time that failure comes the ladder tries what it has not tried.
+  run the repair replaced (its median step loss over the 16 steps after the repair beyond
+  1.25x the replaced run's): the repair is taken back, and the next time that failure comes
+  the ladder tries what it has not tried.
 
 Notices, recorded without a trip:
 
