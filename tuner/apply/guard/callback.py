@@ -13,13 +13,17 @@ costs the model what it learns, with every layer's own output within 1%). After 
 non-finite validation loss, and (``float32_check=``, off by default: it costs two evaluations)
 the same judgement on the check's data.
 
-Each check is a detector (``detectors``), asked in the order of ``STEP_DETECTORS`` and
-``EPOCH_DETECTORS``; the first failure found is one trip of the repair ladder (``ladder``),
-sized by what the failing batch shows: restore the last snapshot, move every layer the batch
+Each check is a detector (``detectors``); every one is asked at every step and epoch, and all
+the failures of a step (every failing optimizer's) are one trip of the repair ladder
+(``ladder``), sized by what the failing batch shows: restore the last snapshot where the
+weights changed since it (a skipped update changes none), move every layer the batch
 shows at fault (non-finite, disagreeing with float32, or overflowing backward even at the loss
 scale's floor), and for a precision failure those do not bring back the smallest set of
-layers whose float32 does (``float32_set``); lower the floor or reset a collapsed scale. A precision failure in the training's first ``EARLY`` share restarts
-it from its start. The last resort (mixed policies: every layer in float32) ends the watch;
+layers whose float32 does (``float32_set``); lower each failing optimizer's floor or fixed
+scale, or reset a collapsed one. A precision failure in the training's first ``EARLY`` share
+restarts it from its start. After a repair the repaired run is held against the run it
+replaced (``checks.RepairHarm``): one that does worse is taken back, and that failure gets
+what was not tried, or is left as it is. The last resort (mixed policies: every layer in float32) ends the watch;
 under pure 16-bit policies, where layers cannot move mid-training (the guard records them in
 ``guard.config`` for next time), running out of repairs raises ``GuardError``. A config whose
 dtype reaches (almost) no layer is an event at the start; a model whose optimizer is not
@@ -34,17 +38,17 @@ history is the same bit for bit (tests/apply/guard/test_guard.py).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 
 from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import detectors, mlflow_record, readings
-from tuner.apply.guard.detectors import Detector, Finding, StepReading
+from tuner.apply.guard import detectors as checks, mlflow_record, readings
+from tuner.apply.guard.detectors import Detector, Finding, StepReading, findings
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Notice
-from tuner.apply.guard.ladder import Ladder
+from tuner.apply.guard.ladder import End, Ladder, Rung
 from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import LossSeries
 from tuner.apply.reach import unreached_model
@@ -72,13 +76,18 @@ class PrecisionGuard(keras.callbacks.Callback):
     per-layer float32 comparisons on the kept batch (also at each epoch's end; None: never);
     ``float32_check``: data (``(x, y)`` or a dataset) to evaluate on as-is and in float32
     each epoch; ``data``: a batch to diagnose on before the training's own is kept (or as well
-    as it: it is used where no batch was kept); ``verbose``: 0 silences the one line per event.
+    as it: it is used where no batch was kept); ``check_budget``: the share of the training's
+    time the checks on the kept batch may take (``None``: spaced by ``check_every`` steps
+    alone, whatever the machine's load); ``verbose``: 0 silences the one line per event;
+    ``detectors``, ``rungs``: a failure kind of your own (a ``detectors.Detector`` and a rung,
+    ``ladder.Rung``), asked after the guard's own detectors and run before its diagnosis.
     """
 
     def __init__(self, config: ConfigData, *, snapshot_every: int = 50,
                  max_repairs: int = 5, max_skipped: int = 25, spike_sigmas: float = 12.0,
                  check_every: int | None = 200, float32_check: Any = None, data: Any = None,
-                 verbose: int = 1) -> None:
+                 check_budget: float | None = CHECK_BUDGET, verbose: int = 1,
+                 detectors: Sequence[Detector] = (), rungs: Sequence[Rung] = ()) -> None:
         super().__init__()
         self.snapshot_every = readings.positive_int("snapshot_every", snapshot_every)
         self.max_repairs = readings.positive_int("max_repairs", max_repairs)
@@ -91,15 +100,14 @@ class PrecisionGuard(keras.callbacks.Callback):
         self.events: list[GuardEvent] = []
         self.history: list[dict[str, Any]] = []   # per-epoch figures
         self._training = Training(config, data)
-        self._ladder = Ladder(self._training, self.max_repairs)
-        layers = detectors.SilentLayers(self.check_every, CHECK_BUDGET)
-        loss = detectors.PrecisionLoss(self.check_every, CHECK_BUDGET)
-        # The checks, in the order they are asked: the first failure found is repaired.
-        self._step_detectors: tuple[Detector, ...] = (
-            detectors.NonFiniteLoss(), detectors.LossScales(self.max_skipped),
-            detectors.LossSpikes(self.spike_sigmas), layers, loss)
-        self._epoch_detectors: tuple[Detector, ...] = (
-            detectors.NonFiniteValidation(), detectors.Float32Gap(), layers, loss)
+        self._ladder = Ladder(self._training, self.max_repairs, rungs)
+        # Every check, asked at every step and epoch; a trip's kind is the first one's finding.
+        self._detectors: tuple[Detector, ...] = (
+            checks.RepairHarm(), checks.NonFiniteLoss(),
+            checks.LossScales(self.max_skipped), checks.LossSpikes(self.spike_sigmas),
+            checks.NonFiniteValidation(), checks.Float32Gap(),
+            checks.SilentLayers(self.check_every, check_budget),
+            checks.PrecisionLoss(self.check_every, check_budget), *detectors)
         self._losses = LossSeries()
         self._epoch_base = 0   # steps trained in this fit before this epoch
 
@@ -142,7 +150,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         training.epoch = epoch
         self._epoch_base = training.step
         for watch in training.scales:
-            watch.skipped_epoch = 0
+            watch.epoch_began()
         self._losses.reset()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
@@ -150,14 +158,11 @@ class PrecisionGuard(keras.callbacks.Callback):
         if training.settled:
             return
         logs = logs or {}
-        before = training.step
-        training.step = self._epoch_base + int(batch) + 1
-        for watch in training.scales:
-            watch.stepped(max(1, training.step - before))
+        training.stepped(self._epoch_base + int(batch) + 1)
         step = StepReading(self._step_loss(logs), logs)
-        found = next((finding for detector in self._step_detectors
-                      if (finding := detector.after_step(training, step)) is not None), None)
-        if found is not None:
+        found = self._answered([finding for detector in self._detectors
+                                for finding in findings(detector.after_step(training, step))])
+        if found:
             self._repair(found)
         elif training.snapshot_due(self.snapshot_every):
             training.take_snapshot()
@@ -176,9 +181,9 @@ class PrecisionGuard(keras.callbacks.Callback):
         self.history.append(figures)
         if training.settled:
             return
-        found = next((finding for detector in self._epoch_detectors
-                      if (finding := detector.after_epoch(training, figures)) is not None), None)
-        if found is not None:
+        found = self._answered([finding for detector in self._detectors
+                                for finding in findings(detector.after_epoch(training, figures))])
+        if found:
             self._repair(found)
 
     def _early(self) -> bool:
@@ -190,18 +195,22 @@ class PrecisionGuard(keras.callbacks.Callback):
         return self._training.step <= EARLY * epochs * steps
 
     # -- repairing ---------------------------------------------------------------------------
-    def _repair(self, found: Finding) -> None:
+    def _answered(self, found: list[Finding]) -> list[Finding]:
+        """The findings the ladder still repairs (not those of a failure left as it is)."""
+        return [finding for finding in found if self._ladder.answers(finding)]
+
+    def _repair(self, found: list[Finding]) -> None:
         trip = self._ladder.climb(found)
-        if trip.stop:
-            self._stop(found.seen)
+        if trip.end is End.STOP:
+            self._stop(trip.seen)
         training = self._training
         self.model.reset_metrics()
-        for watch in training.scales:   # the snapshot's counts
-            watch.iterations, watch.skipped_run = watch.read_iterations(), 0
+        for watch in training.scales:   # count from the state the trip left
+            watch.resync()
         self._losses.reset()
-        for detector in {id(each): each for each in
-                         self._step_detectors + self._epoch_detectors}.values():
-            detector.after_trip(restored=trip.restored is not None)
+        report = trip.report(training)
+        for detector in self._detectors:
+            detector.after_trip(report)
         self._record(trip.kind, trip.seen, trip.moved, trip.action, trip.why)
 
     def _stop(self, seen: str) -> None:

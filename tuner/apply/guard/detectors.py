@@ -1,10 +1,13 @@
 """The guard's detectors: each answers one question after a step or after an epoch, "did the
-training fail, and what did it show?", with a ``Finding`` (a ``failures.Failure`` and what was
-seen) or None. The callback asks them in order and hands the first finding to the repair
-ladder (``ladder``); after a trip each forgets what the restored steps showed (``after_trip``).
+training fail, and what did it show?", with a ``Finding`` (a failure kind and what was seen),
+several (one per failing optimizer), or None. The callback asks every detector at every step
+and epoch (each keeps its own counts whatever the others found) and hands all the findings of
+that step to one trip of the repair ladder (``ladder``); after a trip each hears what it did
+(``after_trip``: a ``TripReport``).
 
-A new kind of failure is one detector here, one ``Failure`` and one line in the callback's
-lists.
+A new kind of failure is one ``Detector`` and one rung, passed to the guard
+(``PrecisionGuard(detectors=[...], rungs=[...])``): nothing here changes
+(tests/apply/guard/test_extending.py adds one).
 """
 
 from __future__ import annotations
@@ -12,25 +15,43 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import keras
 
-from tuner.apply.guard import fidelity, precision_loss, readings
-from tuner.apply.guard.failures import Failure
+from tuner.apply.guard import cause, fidelity, precision_loss, readings, scales
+from tuner.apply.guard.failures import Failure, of_precision
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.training import Training
-from tuner.apply.guard.watch import Spacing, SpikeWatch
+from tuner.apply.guard.watch import Harm, InARow, Spacing, SpikeWatch
 
 
 @dataclass(frozen=True)
 class Finding:
-    """A failure a detector saw: its kind, what it saw (one phrase for the event), and the
-    optimizer whose loss scale failed where it is one of several."""
+    """A failure a detector saw: its kind (a ``Failure``, or a string of a detector's own), what
+    it saw (one phrase for the event), the optimizer whose loss scale failed, and anything the
+    detector hands its rung (``detail``)."""
 
-    kind: Failure
+    kind: str
     seen: str
     watch: ScaleWatch | None = None
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class TripReport:
+    """What a trip did, as the detectors hear it: its kind, whether the weights went back
+    (``position``: the step the weights hold after it), what it repaired (``repairs``: the
+    kinds of repair, empty where none), and the ``Replaced`` state that takes it back."""
+
+    kind: str
+    position: int
+    restored: bool
+    repairs: frozenset[str] = frozenset()
+    replaced: Any = None
+    signature: tuple = ()
+    step: int = 0
+    action: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,16 +64,25 @@ class StepReading:
 
 
 class Detector:
-    """One check of the training; each method returns a ``Finding`` or None."""
+    """One check of the training; each method returns a ``Finding``, several, or None."""
 
-    def after_step(self, training: Training, step: StepReading) -> Finding | None:
+    def after_step(self, training: Training, step: StepReading
+                   ) -> Finding | Iterable[Finding] | None:
         return None
 
-    def after_epoch(self, training: Training, figures: dict[str, Any]) -> Finding | None:
+    def after_epoch(self, training: Training, figures: dict[str, Any]
+                    ) -> Finding | Iterable[Finding] | None:
         return None
 
-    def after_trip(self, restored: bool) -> None:
-        """A repair happened (``restored``: the weights went back to a snapshot)."""
+    def after_trip(self, report: TripReport) -> None:
+        """A trip happened: what it did (``report.restored``: the weights went back)."""
+
+
+def findings(answer: Finding | Iterable[Finding] | None) -> list[Finding]:
+    """A detector's answer as a list."""
+    if answer is None:
+        return []
+    return [answer] if isinstance(answer, Finding) else list(answer)
 
 
 class NonFiniteLoss(Detector):
@@ -70,28 +100,33 @@ class NonFiniteLoss(Detector):
 
 
 class LossScales(Detector):
-    """Each optimizer's loss scale: at its floor while updates are still skipped there; at its
-    floor for ``max_skipped`` steps though the kept batch fits higher (collapsed); or
-    ``max_skipped`` updates skipped in a row."""
+    """Each optimizer's loss scale, every one of them at every step (a finding for each that
+    fails): at its floor while updates are still skipped there; at its floor for
+    ``max_skipped`` steps though the kept batch fits higher (collapsed); ``max_skipped``
+    updates skipped in a row; or a fixed scale far too large, found on the first update it
+    skips: the kept batch's gradients overflow even at 2^-4 of it (no batch's luck explains
+    that: no run of skips to wait for)."""
 
     def __init__(self, max_skipped: int) -> None:
         self.max_skipped = max_skipped
+        self._probed: set[str] = set()   # fixed scales probed in their current run of skips
 
-    def after_step(self, training: Training, step: StepReading) -> Finding | None:
+    def after_step(self, training: Training, step: StepReading) -> list[Finding]:
+        found = []
         for watch in training.scales:
-            found = self._check(training, watch)
-            if found is not None:
-                return Finding(found.kind, watch.owner() + found.seen, watch)
-        return None
+            finding = self._check(training, watch)
+            if finding is not None:
+                found.append(Finding(finding.kind, watch.owner() + finding.seen, watch))
+        return found
 
     def _check(self, training: Training, watch: ScaleWatch) -> Finding | None:
-        at_floor = watch.at_floor()
-        watch.floor_steps = watch.floor_steps + 1 if at_floor else 0
-        if at_floor and watch.skipped_run >= 3:
+        if watch.skipped_run == 0:
+            self._probed.discard(watch.name)
+        if watch.at_floor() and watch.skipped_run >= 3:
             return Finding(Failure.SCALE_AT_FLOOR,
                            f"loss scale {watch.scale():g} at its floor {watch.floor:g} and "
                            f"{watch.skipped_run} updates skipped there")
-        if at_floor and watch.floor_steps == self.max_skipped \
+        if watch.at_floor() and watch.floor_steps == self.max_skipped \
                 and training.batch() is not None and training.collapsed(watch):
             return Finding(Failure.SCALE_COLLAPSED,
                            f"loss scale {watch.scale():g} at its floor for {watch.floor_steps} "
@@ -100,7 +135,19 @@ class LossScales(Detector):
         if watch.skipped_run >= self.max_skipped:
             return Finding(Failure.SKIPPED_UPDATES,
                            f"{watch.skipped_run} updates skipped in a row")
+        if watch.scaled and not watch.dynamic and watch.skipped_run \
+                and watch.name not in self._probed and training.batch() is not None:
+            self._probed.add(watch.name)
+            below = watch.scale() / 2.0**cause.FLOOR_HEADROOM
+            if scales.overflows(training.model, training.batch(), watch, below):
+                return Finding(Failure.SKIPPED_UPDATES,
+                               f"{watch.skipped_run} update(s) skipped at the fixed loss scale "
+                               f"{watch.scale():g}, and the kept batch's gradients overflow "
+                               f"float16 even at {below:g}")
         return None
+
+    def after_trip(self, report: TripReport) -> None:
+        self._probed = set()
 
 
 class LossSpikes(Detector):
@@ -116,17 +163,20 @@ class LossSpikes(Detector):
                                                f"bar {self._spikes.threshold():.4g}")
         return None
 
-    def after_trip(self, restored: bool) -> None:
-        if restored:   # the loss goes back to the snapshot's level: learn it anew
+    def after_trip(self, report: TripReport) -> None:
+        if report.restored:   # the loss goes back to the snapshot's level: learn it anew
             self._spikes = SpikeWatch(sigmas=self.sigmas)
 
 
 class OnTheBatch(Detector):
     """A check on the kept batch, after a step when due and at each epoch's end, spaced to take
-    at most ``budget`` of the training's time (``watch.Spacing``)."""
+    at most ``budget`` of the training's time (``watch.Spacing``; ``budget=None``: by steps
+    alone). ``clock``: where the time is read (``time.perf_counter``)."""
 
-    def __init__(self, every: int | None, budget: float) -> None:
+    def __init__(self, every: int | None, budget: float | None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._spacing = Spacing(every, budget)
+        self._clock = clock
 
     def after_step(self, training: Training, step: StepReading) -> Finding | None:
         return self._when_due(training, at_epoch_end=False)
@@ -138,13 +188,13 @@ class OnTheBatch(Detector):
         batch = training.batch()
         if batch is None or not training.sixteen_bit:
             return None
-        started = time.perf_counter()
+        started = self._clock()
         if not self._spacing.due(training.step, at_epoch_end, started):
             return None
         try:
             return self.check(training, batch)
         finally:
-            self._spacing.ran(training.step, started, time.perf_counter())
+            self._spacing.ran(training.step, started, self._clock())
 
     def check(self, training: Training, batch: Any) -> Finding | None:
         raise NotImplementedError
@@ -154,31 +204,32 @@ class SilentLayers(OnTheBatch):
     """Each 16-bit layer's output against its float32 computation (``fidelity``): a layer
     broken on at least half the batch, or beyond any rounding at two checks in a row."""
 
-    def __init__(self, every: int | None, budget: float) -> None:
-        super().__init__(every, budget)
-        self._suspects: dict[str, int] = {}   # layer -> checks in a row it disagreed
+    def __init__(self, every: int | None, budget: float | None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(every, budget, clock)
+        self._suspects = InARow(2)   # layers disagreeing at checks in a row
 
     def check(self, training: Training, batch: Any) -> Finding | None:
         x = keras.utils.unpack_x_y_sample_weight(batch)[0]
         found = [item for item in fidelity.compare_layers(training.model, x)
                  if item.layer not in training.config.float32.layers]
-        self._suspects = {item.layer: self._suspects.get(item.layer, 0) + 1 for item in found}
-        lasting = [item for item in found
-                   if item.broken >= 0.5 or self._suspects[item.layer] >= 2]
+        running = set(self._suspects.seen(item.layer for item in found))
+        lasting = [item for item in found if item.broken >= 0.5 or item.layer in running]
         if lasting:
             return Finding(Failure.SILENT_LAYER, "; ".join(item.describe() for item in lasting))
         return None
 
-    def after_trip(self, restored: bool) -> None:
-        self._suspects = {}
+    def after_trip(self, report: TripReport) -> None:
+        self._suspects.forget()
 
 
 class PrecisionLoss(OnTheBatch):
     """The kept batch's loss as the model runs against the same weights in float32
     (``precision_loss.LossGapWatch``)."""
 
-    def __init__(self, every: int | None, budget: float) -> None:
-        super().__init__(every, budget)
+    def __init__(self, every: int | None, budget: float | None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(every, budget, clock)
         self._gap = precision_loss.LossGapWatch()
 
     def check(self, training: Training, batch: Any) -> Finding | None:
@@ -208,3 +259,42 @@ class Float32Gap(Detector):
             return None
         seen = self._judge.judge(figures["check_loss"], figures["check_loss_float32"])
         return Finding(Failure.FLOAT32_GAP, seen) if seen else None
+
+
+class RepairHarm(Detector):
+    """Does no harm: after a trip that repaired something (layers moved, a loss scale changed)
+    while the run it replaced could go on, the repaired run's step losses are held against the
+    replaced run's (``watch.Harm``); worse is a ``repair_worse`` finding whose ``detail`` is the
+    trip to take back (``ladder.TakeBack``)."""
+
+    def __init__(self) -> None:
+        self._losses: dict[int, float] = {}    # position -> step loss of the run as it goes
+        self._judging: tuple[Harm, TripReport] | None = None
+
+    def after_step(self, training: Training, step: StepReading) -> Finding | None:
+        if step.loss is None:
+            return None
+        self._losses[training.position] = step.loss
+        if self._judging is None:
+            return None
+        harm, report = self._judging
+        seen = harm.add(step.loss)
+        if harm.done:
+            self._judging = None
+        if seen is None:
+            return None
+        return Finding(Failure.REPAIR_WORSE, f"{seen} after the repair at step {report.step}",
+                       detail=report)
+
+    def after_trip(self, report: TripReport) -> None:
+        replaced, self._judging = self._losses, None
+        self._losses = {p: loss for p, loss in replaced.items() if p <= report.position}
+        if not report.repairs or report.replaced is None or not report.replaced.going \
+                or of_precision(report.kind):
+            # A precision failure's replaced run is not a level to hold the repair to: its loss
+            # as it runs is what rounding made of it (offset_blocks: 0.43 as it runs, 8.6 in
+            # float32; the repaired run starts over at 1.1 and ends at float32's 0.006).
+            return
+        harm = Harm(replaced, report.position, report.replaced.position)
+        if harm.judgeable:
+            self._judging = (harm, report)

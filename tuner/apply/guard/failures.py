@@ -19,16 +19,25 @@ repair ladder (tuner.apply.guard.ladder):
 - ``val_non_finite``: an epoch's validation loss is NaN or inf.
 - ``float32_gap``: ``float32_check=``'s data, evaluated as the model runs and in float32, more
   than 1.25x apart two epochs running.
+- ``repair_worse``: a repaired run (after any repair but a precision one) does worse than the
+  run the repair replaced (its median step loss over the 16 steps after the repair beyond
+  1.25x the replaced run's): the repair is taken back, and the next time that failure comes
+  the ladder tries what it has not tried.
 
 Notices, recorded without a trip:
 
 - ``precision_unreached``: the config's 16-bit dtype reaches (almost) none of the model.
 - ``gave_up``: out of repairs with no last resort left; the guard stops the training.
+- ``left_as_is``: every repair tried for a failure made the training worse than the failure
+  did: it is no longer repaired.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+# A failure kind is a ``Failure`` or, for a detector defined outside the guard, any string: the
+# ladder's generic rungs answer what they recognise, and a rung of its own the rest.
 
 
 class Failure(StrEnum):
@@ -41,6 +50,7 @@ class Failure(StrEnum):
     PRECISION_LOSS = "precision_loss"
     VAL_NON_FINITE = "val_non_finite"
     FLOAT32_GAP = "float32_gap"
+    REPAIR_WORSE = "repair_worse"
 
     @property
     def of_the_scale(self) -> bool:
@@ -58,3 +68,13 @@ class Failure(StrEnum):
 class Notice(StrEnum):
     PRECISION_UNREACHED = "precision_unreached"
     GAVE_UP = "gave_up"
+    LEFT_AS_IS = "left_as_is"
+
+
+def of_the_scale(kind: str) -> bool:
+    """``Failure.of_the_scale`` for any kind (False for one the guard does not define)."""
+    return kind in Failure.__members__.values() and Failure(kind).of_the_scale
+
+
+def of_precision(kind: str) -> bool:
+    return kind in Failure.__members__.values() and Failure(kind).of_precision

@@ -1,107 +1,124 @@
-"""The guard's repair ladder: one trip per failure a detector found, its rungs tried in order
-(``RUNGS``), each acting on the ``Trip`` (what the failing batch showed, what was done) and
-each able to end it:
+"""The guard's repair ladder: one trip for the findings of one step (every failing optimizer
+in it), its rungs tried in order (``RUNGS``), each acting on the ``Trip`` (what the failing
+batch showed, what was done) and each able to end it:
 
 1. ``DataFault``: a batch holding NaN or inf is skipped (no precision repair is spent);
-2. ``OutOfRepairs``: with ``max_repairs`` spent, the last resort, or a stop where none is left;
-3. ``Diagnose``: the failing state (the snapshot where the weights broke) probed on the batch;
-4. ``RecordForNextTime``: under pure 16-bit policies layers cannot move mid-training: the
+2. ``TakeBack``: a repair that left the training worse than the run it replaced
+   (``repair_worse``) is taken back, and what it tried is not tried again for that failure;
+3. ``OutOfRepairs``: with ``max_repairs`` spent, the last resort, or a stop where none is left;
+   (rungs passed to the guard, ``PrecisionGuard(rungs=...)``, run here)
+4. ``Diagnose``: the failing state (the snapshot where the weights broke) probed on the batch;
+5. ``RecordForNextTime``: under pure 16-bit policies layers cannot move mid-training: the
    layers at fault go into ``guard.config`` for the next training;
-5. ``MoveFailingLayers``: each layer whose output is non-finite, or whose backward pass
+6. ``MoveFailingLayers``: each layer whose output is non-finite, or whose backward pass
    overflows at the scale's floor, to float32, verified on the batch, the next then probed;
-6. ``MoveDisagreeing``: the layers whose output disagrees with float32, kept if the model's
+7. ``MoveDisagreeing``: the layers whose output disagrees with float32, kept if the model's
    output comes closer;
-7. ``SearchForTheCause``: for a precision failure still there, the smallest set of layers whose
+8. ``SearchForTheCause``: for a precision failure still there, the smallest set of layers whose
    float32 brings the model back (``float32_set``);
-8. ``KeepMoved``: the moved layers written into the config, the step traced anew;
-9. ``AdjustScale``: the loss scale's floor lowered, a fixed scale lowered, or the scale reset,
-   decided on the failing state;
-10. ``Restore``: the last snapshot (the training's start for an early precision failure) put
-    back, the scale change made on it;
-11. ``NothingRepaired``: twice with nothing to repair, the last resort.
+9. ``KeepMoved``: the moved layers written into the config, the step traced anew;
+10. ``AdjustScale``: each failing optimizer's loss scale: its floor lowered, a fixed scale
+    lowered, or the scale reset, decided on the failing state;
+11. ``LeaveAsIs``: a failure whose every repair was taken back is left as it is;
+12. ``Restore``: the last snapshot (the training's start for an early precision failure) put
+    back where the weights changed since it (a skipped update changes none), the scale
+    changes made on it;
+13. ``NothingRepaired``: twice with nothing to repair, the last resort.
 
-A new repair is one rung here and one line in ``RUNGS``. Past 300 lines: the rungs read top to
-bottom in the order they run, which one file keeps.
+A new repair is one rung (``trip.Rung``: a callable on the ladder and the trip) passed to the
+guard, or one line in ``RUNGS``. Past 300 lines: the rungs read top to bottom in the order they run,
+which one file keeps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import keras
+from typing import Callable, Sequence
 
 from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, scales
-from tuner.apply.guard.cause import Probe
-from tuner.apply.guard.detectors import Finding
-from tuner.apply.guard.failures import Failure
+from tuner.apply.guard.detectors import Finding, TripReport
+from tuner.apply.guard.failures import Failure, of_the_scale
 from tuner.apply.guard.scales import ScaleWatch
-from tuner.apply.guard.training import Training
+from tuner.apply.guard.training import Replaced, Training
+from tuner.apply.guard.trip import LAYERS, SCALE, End, LayerMove, Rung, Trip
 
-
-@dataclass
-class Trip:
-    """One repair: the failure, the batch it is diagnosed on, and what the rungs found and
-    did. ``done``: no further rung runs; ``stop``: out of repairs with no last resort."""
-
-    kind: Failure
-    seen: str
-    watch: ScaleWatch | None
-    batch: Any
-    restored: int | None = None     # the step of the snapshot put back
-    found: Probe | None = None
-    broken: bool = False            # the update made the weights non-finite
-    moved: list[str] = field(default_factory=list)
-    backward: list[tuple[str, list]] = field(default_factory=list)
-    actions: list[str] = field(default_factory=list)
-    rescale: Callable[[], str] | None = None
-    why: str = ""
-    done: bool = False
-    stop: bool = False
-
-    @property
-    def action(self) -> str:
-        said = "; ".join(self.actions)
-        return f"restored step {self.restored}; {said}" if self.restored is not None else said
-
-    def x(self) -> Any:
-        return keras.utils.unpack_x_y_sample_weight(self.batch)[0]
-
+__all__ = ["End", "Ladder", "Rung", "RUNGS", "Trip"]
 
 class Ladder:
     """The rungs and what they share across trips: repairs spent, trips that repaired nothing
-    in a row, and what was tried (for the message that stops a training)."""
+    in a row, what was tried (for the message that stops a training), the repairs taken back
+    for each failure (``rejected``) and the failures left as they are (``tolerated``)."""
 
-    def __init__(self, training: Training, max_repairs: int) -> None:
+    def __init__(self, training: Training, max_repairs: int, rungs: Sequence[Rung] = ()) -> None:
         self.training = training
         self.max_repairs = max_repairs
         self.repairs = 0
         self.found_nothing = 0
         self.tried: list[str] = []
+        self.rejected: dict[tuple, set[str]] = {}
+        self.tolerated: set[tuple] = set()
+        at = next(index for index, rung in enumerate(RUNGS) if isinstance(rung, Diagnose))
+        self.rungs: tuple[Rung, ...] = (*RUNGS[:at], *rungs, *RUNGS[at:])
 
-    def climb(self, finding: Finding) -> Trip:
+    def answers(self, finding: Finding) -> bool:
+        """Is this finding still repaired (not a failure left as it is)?"""
+        if not of_the_scale(finding.kind):
+            return (finding.kind,) not in self.tolerated
+        return finding.watch is None or (finding.watch.name,) not in self.tolerated
+
+    def allows(self, trip: Trip, repair: str) -> bool:
+        """May this trip make ``repair``? Not where it was taken back for the same failure."""
+        return repair not in self.rejected.get(trip.signature, set())
+
+    def climb(self, found: list[Finding]) -> Trip:
         training = self.training
-        watch = finding.watch or next(
-            (each for each in training.scales if each.scaled and each.applied), None)
-        trip = Trip(Failure(finding.kind), finding.seen, watch, training.batch())
-        if trip.kind.of_precision:
+        worse = [finding for finding in found if finding.kind == Failure.REPAIR_WORSE]
+        found = worse[:1] or found
+        watches = list({id(f.watch): f.watch for f in found if f.watch is not None}.values())
+        if not watches and not worse:
+            watches = [each for each in training.scales if each.scaled and each.applied][:1]
+        trip = Trip(found, training.batch(), watches)
+        if not worse:
+            trip.replaced = Replaced(training)
+        if trip.of_precision:
             training.restart_from_start()
-        trip.restored = training.snapshot.step if training.snapshot else None
-        for rung in RUNGS:
+        for rung in self.rungs:
             rung(self, trip)
-            if trip.done:
+            if trip.end is not End.GOING:
                 break
-        if not trip.stop:
+        if trip.end is not End.STOP:
             self.tried.append(trip.action)
         return trip
+
+
+def _restore(training: Training, trip: Trip) -> None:
+    if training.snapshot is not None:
+        trip.restored = training.snapshot.step
+        training.restore()
 
 
 class DataFault:
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
         if trip.batch is not None and cause.data_non_finite(trip.batch):
-            ladder.training.restore()
+            _restore(ladder.training, trip)
             trip.actions.append("skipped a batch holding NaN/inf (not precision)")
-            trip.why, trip.done = "the batch itself holds NaN or inf", True
+            trip.why, trip.end = "the batch itself holds NaN or inf", End.DONE
+
+
+class TakeBack:
+    """A repaired run doing worse than the run it replaced: the repair taken back (the state,
+    config, dtype policies and loss scales as they were before it), and its kinds of repair
+    not tried again for that failure (the next trip for it tries the next rung, or leaves it
+    as it is). Not a repair spent."""
+
+    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+        if trip.kind != Failure.REPAIR_WORSE:
+            return
+        report: TripReport = trip.findings[0].detail
+        report.replaced.put_back(ladder.training)
+        ladder.rejected.setdefault(report.signature, set()).update(report.repairs)
+        trip.actions.append(f"took back the repair of step {report.step} ({report.action}): "
+                            "the run it replaced goes on")
+        trip.why, trip.end = "the repaired run does worse than the run it replaced", End.DONE
 
 
 class OutOfRepairs:
@@ -109,9 +126,9 @@ class OutOfRepairs:
         if ladder.repairs < ladder.max_repairs:
             ladder.repairs += 1
             return
-        trip.done, trip.why = True, "out of repairs"
+        trip.end, trip.why = End.DONE, "out of repairs"
         if not ladder.training.last_resort_left():
-            trip.stop = True
+            trip.end = End.STOP
             return
         trip.actions.append(ladder.training.last_resort(f"{ladder.repairs} repairs spent"))
 
@@ -121,7 +138,7 @@ class Diagnose:
         training = ladder.training
         trip.broken = bool(readings.non_finite_weights(training.model))
         if trip.broken:
-            training.restore()   # diagnose on the state that was still good
+            _restore(training, trip)   # diagnose on the state that was still good
         if trip.batch is None:
             return
         watch = trip.watch
@@ -156,14 +173,16 @@ class RecordForNextTime:
                 "float32 next time")
 
 
-def _moving(training: Training, trip: Trip) -> bool:
-    return _layers_repairable(training, trip) and not training.config.weights_16bit
+def _moving(ladder: Ladder, trip: Trip) -> bool:
+    training = ladder.training
+    return _layers_repairable(training, trip) and not training.config.weights_16bit \
+        and ladder.allows(trip, LAYERS)
 
 
 class MoveFailingLayers:
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
         training = ladder.training
-        if not _moving(training, trip):
+        if not _moving(ladder, trip):
             return
         model, found, watch = training.model, trip.found, trip.watch
         scale = None if watch is None else watch.floor if watch.dynamic else watch.scale()
@@ -177,15 +196,15 @@ class MoveFailingLayers:
                 break
             trip.moved.append(found.layer)
             if found.forward is None:
-                trip.backward.append((found.layer, changed))
+                trip.backward.append(LayerMove(found.layer, changed))
             found = again
         if trip.backward and (found.backward is not None or
                               2 * len(trip.backward) > fidelity.weighted_sixteen_bit(model)):
             # Moving layers did not make the gradients fit, or only by moving most of the
             # model: the loss scale is to change instead (``AdjustScale``).
-            for layer, changed in trip.backward:
-                cause.undo(changed)
-                trip.moved.remove(layer)
+            for move in trip.backward:
+                cause.undo(move.changed)
+                trip.moved.remove(move.layer)
 
 
 class MoveDisagreeing:
@@ -197,7 +216,7 @@ class MoveDisagreeing:
 
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
         training = ladder.training
-        if not _moving(training, trip):
+        if not _moving(ladder, trip):
             return
         model, x = training.model, trip.x()
         found = [item for item in fidelity.compare_layers(model, x)
@@ -229,7 +248,7 @@ class SearchForTheCause:
 
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
         training = ladder.training
-        if not _moving(training, trip) or not trip.kind.of_precision:
+        if not _moving(ladder, trip) or not trip.of_precision:
             return
         loss = precision_loss.batch_loss(training.model, trip.batch)
         if loss is not None and loss.apart <= precision_loss.GAP:
@@ -250,21 +269,30 @@ class KeepMoved:
             return
         training.amend(tuple(trip.moved))
         training.retrace()
+        trip.repairs.add(LAYERS)
         trip.actions.insert(0, f"moved {', '.join(trip.moved)} to float32")
 
 
 class AdjustScale:
-    """What to do to the failing optimizer's loss scale, decided on the failing state and done
-    after the restore (which puts the snapshot's scale back). Gradients that overflow even at
+    """What to do to each failing optimizer's loss scale, decided on the failing state and done
+    after any restore (which puts the snapshot's scale back). Gradients that overflow even at
     a dynamic scale's floor lower the floor; a fixed scale they overflow at is lowered; a
     dynamic scale otherwise restarts (a collapsed one at the largest scale the batch fits)."""
 
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training, watch = ladder.training, trip.watch
-        if watch is None or not watch.scaled or not trip.kind.of_the_scale:
+        if not trip.of_the_scale or not ladder.allows(trip, SCALE):
             return
+        for watch in trip.watches:
+            if watch.scaled:
+                rescale = self._rescale(ladder.training, trip, watch)
+                if rescale is not None:
+                    trip.rescales.append(rescale)
+                    trip.repairs.add(SCALE)
+
+    @staticmethod
+    def _rescale(training: Training, trip: Trip, watch: ScaleWatch) -> Callable[[], str] | None:
         fixed = not watch.dynamic
-        if trip.batch is not None and trip.kind is not Failure.SCALE_COLLAPSED:
+        if trip.batch is not None and trip.kind != Failure.SCALE_COLLAPSED:
             ceiling = watch.scale() if fixed else watch.floor
             high = scales.exponent(ceiling) - 1
             if scales.overflows(training.model, trip.batch, watch, ceiling):
@@ -272,11 +300,10 @@ class AdjustScale:
                                                  high - 30, high)
                 if fitting is not None:
                     lowered = fitting / 2.0**cause.FLOOR_HEADROOM
-                    trip.rescale = lambda: training.set_scale(watch, lowered, fixed)
-                    return
+                    return lambda: training.set_scale(watch, lowered, fixed)
         if fixed:
-            return
-        fitting = training.fitting_scale(watch) if trip.kind is Failure.SCALE_COLLAPSED \
+            return None
+        fitting = training.fitting_scale(watch) if trip.kind == Failure.SCALE_COLLAPSED \
             else None
         initial = fitting if fitting is not None and fitting > watch.floor \
             else training.config.loss_scale.initial_scale
@@ -286,21 +313,45 @@ class AdjustScale:
             watch.optimizer.step_counter.assign(0)
             return f"{watch.owner()}loss scale reset to {initial:g}"
 
-        trip.rescale = reset
+        return reset
+
+
+class LeaveAsIs:
+    """A failure whose repairs were taken back, with nothing left to try: left as it is (the
+    run without a repair did better), and no longer repaired."""
+
+    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+        if trip.signature not in ladder.rejected or trip.repairs:
+            return
+        ladder.tolerated.add(trip.signature)
+        ladder.tolerated.update((watch.name,) for watch in trip.watches)
+        ladder.repairs -= 1   # nothing was spent
+        tried = ", ".join(sorted(ladder.rejected[trip.signature]))
+        trip.actions.append(f"left as it is: every repair tried ({tried}) made the training "
+                            "worse than the failure; no longer repaired")
+        trip.why, trip.end = "repairs taken back", End.DONE
 
 
 class Restore:
+    """The snapshot put back, where the weights changed since it: a trip for a loss scale
+    whose updates were skipped (nothing applied, so nothing to undo; another optimizer's
+    updates are training, not damage) goes on from where it is; broken weights were put back
+    by ``Diagnose``."""
+
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        ladder.training.restore()
-        if trip.rescale is not None:
-            trip.actions.append(trip.rescale())
+        training = ladder.training
+        if trip.restored is None and not trip.of_the_scale and training.snapshot is not None \
+                and not training.snapshot.holds(training.model):
+            _restore(training, trip)
+        for rescale in trip.rescales:
+            trip.actions.append(rescale())
 
 
 class NothingRepaired:
     def __call__(self, ladder: Ladder, trip: Trip) -> None:
         found = trip.found
         trip.why = found.describe() if found is not None else "no batch to diagnose on"
-        if trip.moved or trip.rescale is not None:
+        if trip.moved or trip.rescales:
             ladder.found_nothing = 0
             return
         ladder.found_nothing += 1
@@ -314,13 +365,15 @@ class NothingRepaired:
                                 "optimizer's step or state overflowed; under a pure policy, "
                                 "try a larger optimizer epsilon or keep the optimizer state "
                                 "in float32)")
-        elif found is not None and not found.failing and not trip.kind.of_precision:
+        elif found is not None and not found.failing and not trip.of_precision:
             trip.actions.append("went on (nothing non-finite on the batch: not a precision "
                                 "failure there)")
         else:
-            trip.actions.append("went on from the restored state")
+            trip.actions.append("went on from the restored state" if trip.restored is not None
+                                else "went on")
 
 
-RUNGS = (DataFault(), OutOfRepairs(), Diagnose(), RecordForNextTime(), MoveFailingLayers(),
-         MoveDisagreeing(), SearchForTheCause(), KeepMoved(), AdjustScale(), Restore(),
-         NothingRepaired())
+RUNGS: tuple[Rung, ...] = (
+    DataFault(), TakeBack(), OutOfRepairs(), Diagnose(), RecordForNextTime(),
+    MoveFailingLayers(), MoveDisagreeing(), SearchForTheCause(), KeepMoved(), AdjustScale(),
+    LeaveAsIs(), Restore(), NothingRepaired())

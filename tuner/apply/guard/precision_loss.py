@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import keras
 
 from tuner.apply.guard import cause
+from tuner.apply.guard.watch import InARow
 from tuner.apply.layers import layer_paths
 
 GAP = 1.25        # the batch's loss as it runs, over float32's, that counts as a loss
@@ -132,24 +133,24 @@ def _metrics_kept(model: keras.Model) -> Iterator[None]:
 
 class LossGapWatch:
     """The detector: the kept batch's loss as the model runs, against float32's on the same
-    weights, beyond ``GAP`` either way round at two checks running."""
+    weights, beyond ``GAP`` either way round at two checks running (``judge``)."""
 
     def __init__(self) -> None:
-        self.run = 0    # checks in a row beyond the gap
+        self._running = InARow(2)   # checks in a row beyond the gap
         self._losses: BatchLosses | None = None
 
     def check(self, model: keras.Model, batch: Any) -> str | None:
         """What it saw, where this check makes a failure; None otherwise."""
         if self._losses is None or self._losses.model is not model:
             self._losses = BatchLosses(model)
-        found = batch_loss(model, batch, self._losses)
-        if found is None or found.apart <= GAP:
-            self.run = 0
+        return self.judge(batch_loss(model, batch, self._losses))
+
+    def judge(self, found: BatchLoss | None) -> str | None:
+        """One check's pair (None: nothing to compare): what it saw where it is the second
+        running beyond the gap."""
+        apart = found is not None and found.apart > GAP
+        if not self._running.seen(["model"] if apart else []):
             return None
-        self.run += 1
-        if self.run < 2:
-            return None
-        self.run = 0
         return f"{found.describe()}, two checks running (allowed {GAP:g}x either way)"
 
 

@@ -26,7 +26,9 @@ KERAS_FLOOR = 2.0**-24   # Keras's own LossScaleOptimizer has no floor: its scal
 
 class ScaleWatch:
     """One optimizer of the training and what its loss scale did. ``name``: the model attribute
-    that holds it (``optimizer``, ``d_optimizer``)."""
+    that holds it (``optimizer``, ``d_optimizer``). It owns its counts: the callback tells it
+    of steps, epochs and trips (``stepped``, ``epoch_began``, ``resync``), the detectors and the
+    ladder only read them, and its floor changes through ``set_floor``."""
 
     def __init__(self, name: str, optimizer: keras.optimizers.Optimizer,
                  config_floor: float) -> None:
@@ -67,6 +69,28 @@ class ScaleWatch:
         skipped = max(0, steps - applied) if self.scaled else 0
         self.skipped_epoch += skipped
         self.skipped_run = self.skipped_run + skipped if skipped else 0
+        self.floor_steps = self.floor_steps + 1 if self.at_floor() else 0
+
+    def epoch_began(self) -> None:
+        self.skipped_epoch = 0
+
+    def resync(self) -> None:
+        """After a trip: count from the optimizer's state as the repair left it."""
+        self.iterations, self.skipped_run, self.floor_steps = self.read_iterations(), 0, 0
+
+    def set_floor(self, floor: float) -> None:
+        self.floor = floor
+        if hasattr(self.optimizer, "floor"):
+            self.optimizer.floor = floor
+
+    def fitting_scale(self, model: keras.Model, batch: Any, step: int,
+                      initial_scale: float) -> float | None:
+        """The largest scale the batch's gradients fit (``fitting_scale``), once a step."""
+        if self.fitted_at != step:
+            self.fitted = None if batch is None else fitting_scale(model, batch, self,
+                                                                   initial_scale)
+            self.fitted_at = step
+        return self.fitted
 
     def at_floor(self) -> bool:
         if not self.applied:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 
 from tuner.apply.instruments import HostCopy
 from tuner.apply.keras_internals import step_on_batches
@@ -34,6 +35,7 @@ class Snapshot:
 
     def __init__(self, model: keras.Model, step: int) -> None:
         self.step = step
+        self.position = step   # steps the weights hold (the training sets it: restores rewind)
         held = held_optimizers(model)
         # Where the model holds optimizers of its own (a GAN's), compile's default
         # ``optimizer`` is one its train_step never applies: it is never built.
@@ -52,6 +54,13 @@ class Snapshot:
 
     def restore(self, model: keras.Model) -> None:
         self._copy.put_back(_state_variables(model))
+
+    def holds(self, model: keras.Model) -> bool:
+        """Is the model's state still this snapshot's (nothing to restore)?"""
+        now = HostCopy(_state_variables(model)).values
+        return len(now) == len(self._copy.values) and all(
+            np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.floating))
+            for a, b in zip(now, self._copy.values))
 
 
 def _state_variables(model: keras.Model) -> list:

@@ -3,7 +3,8 @@ its repair ladder: the model, the config as repaired so far, the last snapshot a
 (kept through the training's early share), the kept batch, one ``ScaleWatch`` per optimizer,
 and where the training is; and what is done to it from either side: snapshots taken and
 restored, a retrace after a dtype change, the config amended, the loss scale set, the last
-resort.
+resort; and what a repair replaced (``Replaced``), kept so that a repair that leaves the
+training worse can be taken back.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, readings, scales
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.state import BatchKeeper, Snapshot
+from tuner.apply.layers import layer_paths
 
 
 class Training:
@@ -34,6 +36,7 @@ class Training:
         self.scales: list[ScaleWatch] = []     # one per optimizer the model holds
         self.traceable = True                  # False: no call to run the model's layers by
         self.step = 0                          # steps trained in this fit
+        self.position = 0                      # steps the weights hold (a restore goes back)
         self.epoch = 0
         self.settled = False   # after the last resort: a float32 training, not watched
 
@@ -56,8 +59,16 @@ class Training:
         return self.config.compute_dtype != "float32" and self.traceable
 
     # -- snapshots ---------------------------------------------------------------------------
+    def stepped(self, step: int) -> None:
+        """Keras's step counter after a step: where the training and its weights are."""
+        steps = max(1, step - self.step)
+        self.step, self.position = step, self.position + steps
+        for watch in self.scales:
+            watch.stepped(steps)
+
     def take_snapshot(self) -> None:
         snapshot = Snapshot(self.model, self.step)
+        snapshot.position = self.position
         if snapshot.finite and not any(watch.skipped_run for watch in self.scales):
             self.snapshot = snapshot
             self.snapshot_bytes = snapshot.nbytes
@@ -69,6 +80,7 @@ class Training:
     def restore(self) -> None:
         if self.snapshot is not None:
             self.snapshot.restore(self.model)
+            self.position = self.snapshot.position
 
     def restart_from_start(self) -> None:
         """A precision failure early on: the training so far is thrown away (its weights learned
@@ -104,9 +116,7 @@ class Training:
                 loss_scale, value=min(scale, loss_scale.value or scale)))
             return (f"{watch.owner()}fixed loss scale lowered to {scale:g} (gradients overflow "
                     "float16 at it)")
-        watch.floor = scale
-        if hasattr(optimizer, "floor"):
-            optimizer.floor = scale
+        watch.set_floor(scale)
         self.retrace()  # the floor is a constant in the traced step
         self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
             loss_scale, floor=min(scale, loss_scale.floor)))
@@ -115,12 +125,8 @@ class Training:
 
     def fitting_scale(self, watch: ScaleWatch) -> float | None:
         """The largest scale at which the kept batch's gradients fit (once a step)."""
-        if watch.fitted_at != self.step:
-            batch = self.batch()
-            watch.fitted = None if batch is None else scales.fitting_scale(
-                self.model, batch, watch, self.config.loss_scale.initial_scale)
-            watch.fitted_at = self.step
-        return watch.fitted
+        return watch.fitting_scale(self.model, self.batch(), self.step,
+                                   self.config.loss_scale.initial_scale)
 
     def collapsed(self, watch: ScaleWatch) -> bool:
         """Does the scale sit at its floor needlessly? It does if the batch's gradients fit
@@ -141,3 +147,35 @@ class Training:
                                           loss_scale=type(self.config.loss_scale)(),
                                           weight_update="nearest")
         return f"every layer to float32 (last resort: {why})"
+
+
+class Replaced:
+    """What a repair replaced, taken before it: the state (weights, optimizer state, loss
+    scales), the config, every layer's dtype policy and each optimizer's floor and fixed scale.
+    ``put_back`` returns the training to it: the repair is taken back, the replaced run goes on.
+    """
+
+    def __init__(self, training: Training) -> None:
+        model = training.model
+        self.position = training.position
+        self.state = Snapshot(model, training.step)
+        self.config = training.config
+        self.policies = [(member, member.dtype_policy)
+                         for member in [model] + [layer for layer, _ in layer_paths(model)]]
+        self.floors = [(watch, watch.floor, getattr(watch.optimizer, "initial_scale", None))
+                       for watch in training.scales]
+
+    @property
+    def going(self) -> bool:
+        """Could the replaced run go on (its state finite)? A broken one is never put back."""
+        return self.state.finite
+
+    def put_back(self, training: Training) -> None:
+        cause.undo(self.policies)
+        for watch, floor, initial in self.floors:
+            watch.set_floor(floor)
+            if initial is not None:
+                watch.optimizer.initial_scale = initial
+        self.state.restore(training.model)
+        training.config, training.position = self.config, self.position
+        training.retrace()

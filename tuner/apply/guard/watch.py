@@ -1,7 +1,9 @@
 """What the guard reads after each step, as plain numbers: the step's own loss (from Keras's
 running-mean loss tracker where it has one), and whether that loss is far above its recent
 level, judged against the run's own step-to-step noise (a robust z-score of the log loss), not
-a fixed factor. No TensorFlow here beyond reading scalars the callback hands over.
+a fixed factor; when a check on the kept batch is due (``Spacing``); the "two checks running"
+rule the checks share (``InARow``); and whether a repaired run does at least as well as the run
+it replaced (``Harm``). No TensorFlow here beyond reading scalars the callback hands over.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Spacing:
     def due(self, step: int, at_epoch_end: bool, now: float) -> bool:
         if self.every is None or step == self._step:
             return False
-        if now - self._ended < self._seconds / self.budget:
+        if self.budget is not None and now - self._ended < self._seconds / self.budget:
             return False
         return at_epoch_end or step - self._step >= self.every
 
@@ -95,3 +97,64 @@ class Spacing:
         self._seconds = ended - started if self._runs else 0.0
         self._runs += 1
         self._step, self._ended = step, ended
+
+
+class InARow:
+    """The rule two checks share: a finding counts once it was seen at ``needed`` checks
+    running (one check can be a batch's luck). ``seen`` takes what this check found (keys: a
+    layer, or one key for the whole model) and returns the keys seen ``needed`` times in a row;
+    those start counting again."""
+
+    def __init__(self, needed: int = 2) -> None:
+        self.needed = needed
+        self.counts: dict[str, int] = {}
+
+    def seen(self, keys) -> list[str]:
+        self.counts = {key: self.counts.get(key, 0) + 1 for key in keys}
+        lasting = [key for key, count in self.counts.items() if count >= self.needed]
+        for key in lasting:
+            del self.counts[key]
+        return lasting
+
+    def forget(self) -> None:
+        self.counts = {}
+
+
+class Harm:
+    """Does a repaired run do at least as well as the run it replaced? Judged on the repaired
+    run's first ``steps`` step losses against the replaced run's at the same positions (where a
+    restore took the weights back, the replaced run trained those steps too) or, where it did
+    not, against the replaced run's last ``steps`` before the repair: worse when its median is
+    more than ``allowed`` times the replaced run's."""
+
+    def __init__(self, replaced: dict[int, float], start: int, ended: int, steps: int = 16,
+                 allowed: float = 1.25) -> None:
+        self.start, self.steps, self.allowed = start, steps, allowed
+        same = [replaced[p] for p in range(start + 1, start + steps + 1) if p in replaced]
+        last = [replaced[p] for p in sorted(replaced) if p <= ended][-steps:]
+        self.reference = same if len(same) == steps else last
+        self.repaired: list[float] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.repaired) >= self.steps
+
+    @property
+    def judgeable(self) -> bool:
+        """A reference of finite losses, enough of them (a replaced run that was already
+        non-finite cannot be done worse than)."""
+        return len(self.reference) >= self.steps // 2 and all(
+            math.isfinite(value) for value in self.reference)
+
+    def add(self, loss: float) -> str | None:
+        """The repaired run's next loss; what was seen where the repaired run does worse, once
+        ``steps`` are in."""
+        self.repaired.append(loss)
+        if len(self.repaired) < self.steps:
+            return None
+        now, then = median(self.repaired), median(self.reference)
+        if math.isfinite(now) and now <= self.allowed * then:
+            return None
+        return (f"the repaired run's median loss over {self.steps} steps is {now:.4g}, the run "
+                f"it replaced {then:.4g} ({now / then if then > 0 else math.inf:.3g}x; "
+                f"allowed {self.allowed:g}x)")
