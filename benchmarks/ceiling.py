@@ -46,8 +46,8 @@ def machine() -> dict:
                   if line.startswith("model name")), platform.processor() or "unknown")
     flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
                       if line.startswith("flags")), []))
-    return {"cpu": model, "cores": len([l for l in info.splitlines()
-                                         if l.startswith("processor")]),
+    return {"cpu": model, "cores": len([row for row in info.splitlines()
+                                         if row.startswith("processor")]),
             "flags": [flag for flag in FLAGS if flag in flags], "system": platform.system()}
 
 

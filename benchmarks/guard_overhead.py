@@ -78,7 +78,10 @@ def main() -> None:
     parser.add_argument("--policy", default="mixed_bfloat16")
     args = parser.parse_args()
     task = args.task.resolve()
-    timed = (lambda guarded: _time(guarded, args.epochs, task, args.policy))
+
+    def timed(guarded):
+        return _time(guarded, args.epochs, task, args.policy)
+
     ratios, rows = [], []
     for round_ in range(args.rounds):
         plain_a, guarded_a = timed(False), timed(True)

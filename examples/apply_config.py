@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from digits_mlp import build_model, train_data  # noqa: E402  (your model and data)
+from digits_mlp import build_model, train_data  # noqa: E402 - your model and data, beside
 
-from tuner import PrecisionConfig  # noqa: E402
+from tuner import PrecisionConfig  # noqa: E402 - after the path above, as the example's
 
 x, y = train_data()
 if len(sys.argv) > 1:
@@ -24,8 +24,9 @@ else:  # no tune run yet: a config as one would be exported
     config_file = Path(tempfile.mkdtemp()) / "best_precision.json"
     PrecisionConfig(policy="mixed_bfloat16").save(config_file)
 
-import keras
-from tuner import PrecisionConfig
+import keras  # noqa: E402 - the README's apply block, as pasted: its imports open it
+
+from tuner import PrecisionConfig  # noqa: E402 - as above
 
 cfg = PrecisionConfig.load(config_file)   # e.g. "best_precision.json"
 with cfg.scope():                         # policy, floatx, epsilon, float32 layers

@@ -4,9 +4,9 @@ as exceptions, and a model defined in a fresh interpreter's ``__main__`` tuned e
 import dataclasses
 import inspect
 import subprocess
+import sys
 import typing
 from pathlib import Path
-import sys
 
 import pytest
 

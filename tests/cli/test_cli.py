@@ -246,7 +246,6 @@ def test_the_named_tensorflow_is_what_the_cpu_extra_installs_there(machine, syst
     """The one line above names the build pyproject.toml's cpu extra chooses on each platform
     (tensorflow-cpu has no wheels for ARM or macOS), read from its environment markers."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     from tuner.run.task_file import tensorflow_requirement

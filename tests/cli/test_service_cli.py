@@ -13,11 +13,11 @@ import requests
 
 from tests.conftest import ROOT, TASKS
 from tuner import job_context
+from tuner.cli import jobs as job_commands
+from tuner.cli.app import build_parser, main
 from tuner.errors import UsageError
 from tuner.service import client as jobs
-from tuner.cli import jobs as job_commands
 from tuner.service import server as service
-from tuner.cli.app import build_parser, main
 
 
 def run_cli(*args, env=None):

@@ -133,7 +133,7 @@ def _wait_for_text(driver, texts: list[str]) -> str:
 
     try:
         return WebDriverWait(driver, PAGE_TIMEOUT_S, poll_frequency=0.5).until(body)
-    except Exception:
+    except Exception:  # noqa: BLE001 - Selenium's timeout or a page gone: both say the same
         shown = driver.find_element("tag name", "body").text
         missing = [t for t in texts if t not in shown]
         pytest.fail(f"the page at {driver.current_url} never showed {missing}; it showed:\n"

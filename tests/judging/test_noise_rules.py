@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 
 from tuner.apply.config import Epsilon, LossScale, PrecisionConfig
-from tuner.judging.decision import Candidate, complexity, decide
 from tuner.errors import ConfigError, SearchSpaceError, UsageError
-from tuner.judging.noise import PooledNoise, SpeedupEstimate, paired_speedup, speedup_from_log_ratios
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.judging.decision import Candidate, complexity, decide
+from tuner.judging.noise import (
+    PooledNoise,
+    SpeedupEstimate,
+    paired_speedup,
+    speedup_from_log_ratios,
+)
 from tuner.judging.verdict import Verdict, _window, judge
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9)
 

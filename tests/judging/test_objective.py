@@ -7,8 +7,8 @@ import pytest
 from tests.support.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
 from tuner.apply.config import Float32Placement, PrecisionConfig
 from tuner.judging.objective import Point, pareto_front, pick
-from tuner.judging.worth_training import needs_no_more_memory
 from tuner.judging.verdict import Verdict
+from tuner.judging.worth_training import needs_no_more_memory
 from tuner.run.by_objective import winner_of
 from tuner.run.confirmation_run import ConfirmBudget
 

@@ -1,7 +1,7 @@
 import math
 
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
 from tuner.judging.verdict import Verdict, judge, loss_decrease
+from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
 
 RULES = dict(floor=1.0, max_skipped_fraction=0.2, min_loss_decrease_ratio=0.9, expected_steps=20)
 

@@ -11,8 +11,14 @@ import re
 import pytest
 
 from tests.conftest import TASKS
-from tuner.records.diagnostics_report import (conclusions, console_lines, describe_continuous,
-                                              describe_negligible, markdown, print_table)
+from tuner.records.diagnostics_report import (
+    conclusions,
+    console_lines,
+    describe_continuous,
+    describe_negligible,
+    markdown,
+    print_table,
+)
 
 FIXTURE = TASKS / "raw_residual.diagnostics.json"
 MORE = re.compile(r" \(and (\d+) more of its input features\)$")

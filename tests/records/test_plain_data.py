@@ -1,13 +1,13 @@
 import pickle
 
-from tuner.run.task_file import check_task_file
-from tuner.records.mlflow_stores import redact_uri
-from tuner.records.mlflow_text import config_params
+import pytest
+
 from tuner.apply.config import Float32Placement, LossScale, PrecisionConfig
 from tuner.errors import TaskError
+from tuner.records.mlflow_stores import redact_uri
+from tuner.records.mlflow_text import config_params
+from tuner.run.task_file import check_task_file
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
-
-import pytest
 
 
 def test_spec_and_result_cross_process_boundaries_as_plain_data():

@@ -1,12 +1,12 @@
 """MLflow failing mid-run: the trials go on, trials.jsonl has every one, the loss is stated."""
 
 from tuner.apply.config import PrecisionConfig
-from tuner.run.trial_records import TrialRecorder as _Records
+from tuner.judging.verdict import judge
 from tuner.records.results import TrialRow
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown
+from tuner.run.trial_records import TrialRecorder as _Records
 from tuner.trial_types import FailureClass, TrialResult
-from tuner.judging.verdict import judge
 
 
 class StoreDiesAfter:

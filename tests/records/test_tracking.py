@@ -6,12 +6,12 @@ import threading
 import pytest
 
 from tuner.apply.config import PrecisionConfig
-from tuner.run.trial_records import TrialRecorder as _Records
+from tuner.judging.verdict import Judgement, Verdict
 from tuner.records.results import TrialRow
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown
+from tuner.run.trial_records import TrialRecorder as _Records
 from tuner.trial_types import TrialOutcome, TrialResult
-from tuner.judging.verdict import Judgement, Verdict
 
 
 class SlowTracker:

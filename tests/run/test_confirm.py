@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from tests.support.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
+from tuner.errors import UsageError
 from tuner.run.confirmation_run import CHECKPOINTS, ConfirmBudget
 from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
-from tuner.errors import UsageError
 from tuner.run.remeasure import remeasure
 
 SPACE = """

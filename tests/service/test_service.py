@@ -8,8 +8,8 @@ token.
 """
 
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -442,8 +442,12 @@ def test_with_authentication_a_request_without_the_token_is_refused(tmp_path):
 
 
 def test_the_service_ui_shows_both_jobs_trials_side_by_side(service, side_by_side):
-    from tests.e2e.test_ui_browser import (_close_side_panel, _require_browser, _screenshot,
-                                       _wait_for_text)
+    from tests.e2e.test_ui_browser import (
+        _close_side_panel,
+        _require_browser,
+        _screenshot,
+        _wait_for_text,
+    )
 
     _require_browser()
     jobs, _, _ = side_by_side

@@ -18,8 +18,8 @@ from tuner.execution.base import Executor
 from tuner.judging.early_stop import time_bound_reached, too_slow_reason
 from tuner.judging.objective import Objective
 from tuner.run.plan import Remeasurement, RunPlan
-from tuner.search.proposer import Proposer
 from tuner.run.trial_loop import Scheduler
+from tuner.search.proposer import Proposer
 from tuner.search.space_files import load_space
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 

@@ -134,7 +134,6 @@ def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
 @pytest.mark.parametrize("task", TASKS)
 def test_no_example_or_zoo_model_has_an_erased_input(task):
     from tuner.worker.diagnostics.diagnose import diagnose_task
-
     from tuner.worker.task.task_loader import load_task
 
     diagnostics = diagnose_task(str(ROOT / task), steps=3)
@@ -169,8 +168,8 @@ def _normalized_longitudes(cfg) -> int:
     import keras
 
     from tuner.apply.layers import hook_layer_calls
-    from tuner.worker.task.task_loader import load_task
     from tuner.worker.task.keras_state import reset_keras_state
+    from tuner.worker.task.task_loader import load_task
 
     reset_keras_state(0)
     task = load_task(GEO)
@@ -216,9 +215,9 @@ def test_a_pure_16_bit_policy_rounds_them_at_the_input(geo_diagnostics):
 
 
 def test_the_repair_keeps_the_layer_in_float32():
-    from tuner.search.proposer import repair_for
-    from tuner.records.results import TrialRow
     from tuner.judging.verdict import Judgement, Verdict
+    from tuner.records.results import TrialRow
+    from tuner.search.proposer import repair_for
 
     cfg = PrecisionConfig("mixed_bfloat16")
     failed = TrialResult.failed(2, FailureClass.INPUT_ROUNDING, "input rounding ...",

@@ -179,10 +179,9 @@ def test_the_guard_watches_each_optimizer_a_model_trains_with():
     watches both (their scales in its history) and leaves a healthy training alone."""
     import numpy as np
 
+    from tuner.apply.config import LossScale
     from tuner.worker.task.task_loader import load_task
     from tuner.worker.task.task_model import compile_for_trial
-
-    from tuner.apply.config import LossScale
 
     task = load_task(DCGAN)
     config = PrecisionConfig(policy="mixed_float16", loss_scale=LossScale("dynamic"))

@@ -122,9 +122,9 @@ def test_keeping_the_layer_in_float32_keeps_the_ids_exact(float_ids_diagnostics)
 
 
 def test_the_repair_keeps_the_rounding_layer_in_float32():
-    from tuner.search.proposer import repair_for
-    from tuner.records.results import TrialRow
     from tuner.judging.verdict import Judgement, Verdict
+    from tuner.records.results import TrialRow
+    from tuner.search.proposer import repair_for
 
     cfg = PrecisionConfig("mixed_bfloat16")
     failed = TrialResult.failed(3, FailureClass.INTEGER_ROUNDING, "integer rounding ...",
@@ -134,9 +134,9 @@ def test_the_repair_keeps_the_rounding_layer_in_float32():
 
 
 def test_a_dtype_mismatch_outside_every_layer_is_repaired_with_float32_outputs():
-    from tuner.search.proposer import repair_for
-    from tuner.records.results import TrialRow
     from tuner.judging.verdict import Judgement, Verdict
+    from tuner.records.results import TrialRow
+    from tuner.search.proposer import repair_for
 
     def row(cfg):
         failed = TrialResult.failed(2, FailureClass.DTYPE_MISMATCH, "dtype mismatch ...", None)

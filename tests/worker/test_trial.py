@@ -153,8 +153,8 @@ def test_a_guide_style_train_step_gets_what_fit_gives_it():
 
 
 def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
-    from tuner.worker.task.task_loader import fixed_batches, load_task
     from tuner.worker.task.keras_state import reset_keras_state
+    from tuner.worker.task.task_loader import fixed_batches, load_task
 
     result = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=6)
     reset_keras_state(0)  # replay: train_on_batch resets the metrics before every step

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner import interrupt, job_context
-from tuner.dependency_versions import refuse_if_unsupported
-from tuner.errors import UsageError
 from tuner.api.progress import live_progress
 from tuner.api.result import TuneResult
-from tuner.execution.local import LocalProcessExecutor
+from tuner.dependency_versions import refuse_if_unsupported
+from tuner.errors import UsageError
 from tuner.execution.choice import ExecutorChoice, choose
+from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.ray_pool import RayExecutor
 from tuner.records.diagnostics_report import console_lines
 from tuner.records.mlflow_stores import StagedStores, redact_uri
@@ -36,7 +36,6 @@ from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
 from tuner.run.search_run import run_search
 from tuner.run.task_file import check_task_file, require_tensorflow
-
 
 # Long enough for a loaded cluster to accept a connection; short enough that a wrong address is
 # refused at once (Ray and MLflow's HTTP client would otherwise retry for minutes).

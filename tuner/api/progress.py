@@ -10,8 +10,13 @@ class LiveProgress:
     """A rich progress bar: trials done, best speedup so far, the current trial."""
 
     def __init__(self, console, total: int, completed: int = 0) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.console = console
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),

@@ -28,8 +28,7 @@ from typing import Any, Iterator
 import keras
 
 from tuner.apply.config_data import ConfigData
-from tuner.apply.loss_scaling import (held_optimizers, is_wrapped, loss_scale_kind,
-                                      wrap_optimizer)
+from tuner.apply.loss_scaling import held_optimizers, is_wrapped, loss_scale_kind, wrap_optimizer
 from tuner.apply.vocabulary import LossScaleKind
 
 FIX = ("Compile with cfg.compile(model, optimizer, loss=...), or inside cfg.scope(), or pass "

@@ -12,9 +12,18 @@ TensorFlow. Its file on disk (JSON or YAML): ``tuner.apply.config_data``.
 
 from __future__ import annotations
 
-from tuner.apply.config_data import (FLOAT32_GROUPS, POLICIES, PURE_POLICIES, SCHEMA_VERSION,
-                                     ConfigData, Epsilon, Float32Placement, LossScale,
-                                     compute_dtype_of, power_of_two)
+from tuner.apply.config_data import (
+    FLOAT32_GROUPS,
+    POLICIES,
+    PURE_POLICIES,
+    SCHEMA_VERSION,
+    ConfigData,
+    Epsilon,
+    Float32Placement,
+    LossScale,
+    compute_dtype_of,
+    power_of_two,
+)
 from tuner.apply.existing_model import apply_to_model
 
 __all__ = ["PrecisionConfig", "LossScale", "Epsilon", "Float32Placement", "ConfigData",

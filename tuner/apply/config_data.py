@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-from tuner.errors import ConfigError, describe
 from tuner.apply.vocabulary import LOSS_SCALE_KINDS, WEIGHT_UPDATES, LossScaleKind, WeightUpdate
+from tuner.errors import ConfigError, describe
 
 SCHEMA_VERSION = 1
 C = TypeVar("C", bound="ConfigData")   # PrecisionConfig.load() is a PrecisionConfig
@@ -337,8 +337,9 @@ class ConfigData:
                 data = yaml.safe_load(text)
             else:
                 data = json.loads(text)
-        except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except Exception as exc:  # noqa: BLE001 - yaml.YAMLError, json.JSONDecodeError
+            first_line = (str(exc).strip().splitlines()[0] if str(exc).strip()
+                          else type(exc).__name__)
             raise ConfigError(f"{path}: cannot parse: {first_line}. Fix the syntax.") from None
         return cls.from_dict(data, source=str(path))
 

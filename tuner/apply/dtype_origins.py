@@ -176,8 +176,12 @@ class SavedDtypes:
         return True, self._own_dtype(frame)
 
     def _own_dtype(self, frame: Any) -> str | None:
-        from tuner.apply.keras_internals import CLONE_FRAME, CLONE_LOCAL, CONFIG_FRAMES, \
-            CONFIG_LOCALS
+        from tuner.apply.keras_internals import (
+            CLONE_FRAME,
+            CLONE_LOCAL,
+            CONFIG_FRAMES,
+            CONFIG_LOCALS,
+        )
 
         # Functional's from_config pops the layer list out of ``config`` into its local
         # ``functional_config`` before it builds the layers: read whichever holds them.

@@ -50,8 +50,8 @@ def apply_to_model(cfg: ConfigData, model: Any) -> Any:
 def _in_place(cfg: ConfigData, model: Any, own: str | None) -> None:
     import keras
 
-    from tuner.apply.layers import layer_paths
     from tuner.apply.float32_outputs import cast_outputs_to_float32
+    from tuner.apply.layers import layer_paths
     from tuner.apply.scope import Float32Placer
 
     placer = Float32Placer(cfg)

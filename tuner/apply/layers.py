@@ -14,8 +14,12 @@ from typing import Any, Iterator, Sequence
 
 import keras
 
-from tuner.apply.keras_internals import (current_name_scope_path, direct_sublayers,
-                                          is_functional, parent_path)
+from tuner.apply.keras_internals import (
+    current_name_scope_path,
+    direct_sublayers,
+    is_functional,
+    parent_path,
+)
 
 _NORMALIZATION_TYPES = tuple(
     getattr(keras.layers, name) for name in

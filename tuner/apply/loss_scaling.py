@@ -9,14 +9,12 @@ its public name in tuner.apply.keras_internals, which also decides a step over e
 
 from __future__ import annotations
 
-
 import keras
 
 from tuner.apply.config_data import ConfigData
 from tuner.apply.keras_internals import LossScaleOptimizerHooks
 from tuner.apply.vocabulary import LossScaleKind
 from tuner.apply.weight_update import wrap
-
 
 
 @keras.saving.register_keras_serializable(package="precision_tuner")

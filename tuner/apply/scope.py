@@ -72,12 +72,24 @@ import keras
 
 from tuner.apply.compiling import compiling_as_tuned
 from tuner.apply.config_data import ConfigData
-from tuner.apply.dtype_origins import (DtypeOrigin, SavedDtypes, constructor_dtype, origin_of,
-                                        record_origin)
+from tuner.apply.dtype_origins import (
+    DtypeOrigin,
+    SavedDtypes,
+    constructor_dtype,
+    origin_of,
+    record_origin,
+)
 from tuner.apply.float32_outputs import cast_outputs_to_float32
-from tuner.apply.layers import (float_needing_cast, hook_layer_calls, layer_groups,
-                                 layer_paths, matching_patterns, prospective_path,
-                                 runs_a_graph, sublayers)
+from tuner.apply.layers import (
+    float_needing_cast,
+    hook_layer_calls,
+    layer_groups,
+    layer_paths,
+    matching_patterns,
+    prospective_path,
+    runs_a_graph,
+    sublayers,
+)
 
 _FLOAT32 = "float32"
 

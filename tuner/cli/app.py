@@ -8,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuner.dependency_versions import refuse_if_unsupported
-from tuner.errors import TunerError, UsageError
 from tuner.cli import jobs
 from tuner.cli.jobs import FORWARDED
 from tuner.cli.tune_parser import add_tune_parser, options_from
+from tuner.dependency_versions import refuse_if_unsupported
+from tuner.errors import TunerError, UsageError
 from tuner.run.option_checks import count, positive_int
 
 # Each command imports what it runs when it runs (tune: the whole job; service: Ray), so that

@@ -6,14 +6,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tuner.errors import UsageError
 from tuner.apply.config import PrecisionConfig
 from tuner.cli.jobs import ui_links
+from tuner.errors import UsageError
 from tuner.execution.local import LocalProcessExecutor
 from tuner.records.diagnostics_report import print_table
 from tuner.records.mlflow_stores import default_tracking_uri, ui_paths
 from tuner.records.run_store import RunStore
-from tuner.run.bench import bench as run_bench, report
+from tuner.run.bench import bench as run_bench
+from tuner.run.bench import report
 from tuner.run.guarded_training import train as train_guarded
 from tuner.run.task_file import check_task_file, require_tensorflow
 from tuner.search.space_files import builtin_space_names, load_space
@@ -75,7 +76,7 @@ def ui(args) -> int:
 def _ui_links(run_dir: Path, uri: str) -> dict[str, str]:
     try:
         run = RunStore(run_dir).read_run()
-    except Exception:  # an unreadable run.json must not keep the UI from starting
+    except Exception:  # noqa: BLE001 - an unreadable run.json must not keep the UI from starting
         return {}
     return ui_paths(uri, run.get("experiment", ""), run.get("parent_run_id"))
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from tuner.service.contract import CLAIMED, DRIVERS, OWN, READY, STARTING, live_markers
 
-
 # How long a job waits for a spare that is still importing before it imports on its own.
 STARTING_WAIT_S = 20.0
 _POLL_S = 0.05

@@ -14,18 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from tuner import job_context
-from tuner.errors import UsageError, first_line
-from tuner.service.client import (Service, entrypoint, is_space_file, job_tune_args,
-                                   new_job_id)
-from tuner.service.contract import JOB_KIND
 from tuner.apply.config import PrecisionConfig
-from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.cli.tune_parser import options_from
+from tuner.errors import UsageError, first_line
+from tuner.execution.task_shipping import data_file_of
+from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.run.option_checks import option_fields
 from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
-from tuner.execution.task_shipping import data_file_of
 from tuner.run.task_file import check_task_file
+from tuner.service.client import Service, entrypoint, is_space_file, job_tune_args, new_job_id
+from tuner.service.contract import JOB_KIND
 
 # tune options that a job passes on as given (the rest -- run directory, tracking, Ray address,
 # output -- are the service's business: ``Option.forwarded``).

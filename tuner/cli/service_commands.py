@@ -7,8 +7,8 @@ import time
 
 from tuner.service import server as service
 from tuner.service.client import Service
-from tuner.service.server import pool_line
 from tuner.service.contract import JOB_KIND, client_for
+from tuner.service.server import pool_line
 
 
 def run(args) -> int:

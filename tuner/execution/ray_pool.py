@@ -24,9 +24,14 @@ from pathlib import Path
 from typing import Sequence
 
 from tuner import job_context
-from tuner.errors import (TaskError, TrialInfrastructureError, TunerError, UsageError, error_line,
-                          first_line)
-from tuner.trial_types import TrialResult, TrialSpec
+from tuner.errors import (
+    TaskError,
+    TrialInfrastructureError,
+    TunerError,
+    UsageError,
+    error_line,
+    first_line,
+)
 from tuner.execution.base import Executor
 from tuner.execution.ray_actor import trial_actor_class
 from tuner.execution.ray_exclusive import ExclusiveTiming
@@ -35,6 +40,7 @@ from tuner.execution.ray_slots import ACTOR_START_TIMEOUT_S, PLACEMENT_TIMEOUT_S
 from tuner.execution.task_shipping import shipment
 from tuner.execution.warm_pool import Lender, find_keeper
 from tuner.execution.watchdog import share_fate
+from tuner.trial_types import TrialResult, TrialSpec
 
 
 class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):

@@ -35,6 +35,7 @@ from typing import Callable
 
 from tuner.errors import TrialInfrastructureError
 from tuner.execution.pool_keeper import KEEPER, NAMESPACE, keeper_class
+
 _POLL_S = 0.5
 
 

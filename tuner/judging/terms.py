@@ -24,8 +24,15 @@ from __future__ import annotations
 import math
 import statistics
 
-from tuner.judging.learning import (LEVEL_ALLOWANCE, NOISE_SIGMAS, _window, decrease_noise,
-                                    level_gap, loss_decrease, standard_error)
+from tuner.judging.learning import (
+    LEVEL_ALLOWANCE,
+    NOISE_SIGMAS,
+    _window,
+    decrease_noise,
+    level_gap,
+    loss_decrease,
+    standard_error,
+)
 
 
 def terms_gap(mine: dict[str, list[float]], base: dict[str, list[float]]) -> str:

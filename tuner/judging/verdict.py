@@ -23,8 +23,15 @@ from dataclasses import dataclass, replace
 
 from tuner.apply.vocabulary import LossScaleKind
 from tuner.judging.learning import (  # noqa: F401 - also this module's public names
-    LEVEL_ALLOWANCE, NOISE_SIGMAS, _window, barely_learned, decrease_noise, level_gap,
-    loss_decrease, standard_error)
+    LEVEL_ALLOWANCE,
+    NOISE_SIGMAS,
+    _window,
+    barely_learned,
+    decrease_noise,
+    level_gap,
+    loss_decrease,
+    standard_error,
+)
 from tuner.judging.terms import terms_gap
 from tuner.trial_types import TrialOutcome, TrialResult
 

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
-
 from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate
-from tuner.trial_types import TrialResult
 from tuner.judging.underflow import gradient_histograms, underflow_note
 from tuner.judging.verdict import Judgement
 from tuner.records.diagnostics_report import markdown
 from tuner.records.mlflow_stores import RANKED_BY
-from tuner.records.mlflow_text import (SUMMARY_TABLE, config_params, placement_text, table_html,
-                                       trial_run_name, validation_metrics)
+from tuner.records.mlflow_text import (
+    SUMMARY_TABLE,
+    config_params,
+    placement_text,
+    table_html,
+    trial_run_name,
+    validation_metrics,
+)
 from tuner.records.timing import describe_ceiling
+from tuner.trial_types import TrialResult
 
 _MAX_BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 

@@ -37,8 +37,8 @@ class StagedStores:
 
     def _create(self) -> None:
         try:
-            from mlflow import MlflowClient
             import optuna
+            from mlflow import MlflowClient
 
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from tuner.judging.objective import Point, pareto_front
 
 if TYPE_CHECKING:

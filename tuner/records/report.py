@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.records.timing import describe_ceiling, peak_speed
 from tuner.records.mlflow_text import placement_text
+from tuner.records.timing import describe_ceiling, peak_speed
 
 if TYPE_CHECKING:
     from tuner.records.results import TuneSummary

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate, median
+from tuner.judging.verdict import Judgement
 from tuner.records.timing import TimeBreakdown
 from tuner.trial_types import TrialResult
-from tuner.judging.verdict import Judgement
 
 
 @dataclass

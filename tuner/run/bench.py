@@ -26,8 +26,8 @@ from typing import Callable
 
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError, UsageError
-from tuner.process_lines import BENCH, read_line
 from tuner.judging.noise import SpeedupEstimate, round_log_ratios, speedup_from_log_ratios
+from tuner.process_lines import BENCH, read_line
 from tuner.run.task_file import check_task_file
 
 FLOAT32 = "float32"

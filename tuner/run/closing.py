@@ -10,19 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from tuner.apply.config import PrecisionConfig
+from tuner.execution.base import Executor
+from tuner.execution.local import fresh_process_peak_rss
 from tuner.machine import machine_description
+from tuner.records.plots import make_all
+from tuner.records.report import summary_markdown
+from tuner.records.results import TrialRow, TuneSummary, row_record
+from tuner.records.run_store import RunStore
 from tuner.run.held import stopped_lines
 from tuner.run.loss_scale_why import loss_scale_why
 from tuner.run.plan import RunPlan
 from tuner.run.remeasure import Remeasured
-from tuner.records.results import TrialRow, TuneSummary, row_record
-from tuner.records.run_store import RunStore
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.search.space import effective_placement
-from tuner.execution.base import Executor
-from tuner.execution.local import fresh_process_peak_rss
-from tuner.records.plots import make_all
-from tuner.records.report import summary_markdown
 
 
 def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,

@@ -42,13 +42,24 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tuner.judging.decision import DEFAULT_MIN_GAIN, decide
-from tuner.run.confirmation_findings import Checkpoint, Confirmation
-from tuner.judging.noise import (PooledNoise, SpeedupEstimate, round_log_ratios,
-                                 speedup_from_log_ratios)
-from tuner.trial_types import TrialOutcome, TrialResult
+from tuner.judging.noise import (
+    PooledNoise,
+    SpeedupEstimate,
+    round_log_ratios,
+    speedup_from_log_ratios,
+)
 from tuner.judging.terms import stretch_terms_gap
-from tuner.judging.verdict import (LEVEL_ALLOWANCE, NOISE_SIGMAS, level_gap, metric_gap,
-                                   standard_error, validation_failure, validation_gap)
+from tuner.judging.verdict import (
+    LEVEL_ALLOWANCE,
+    NOISE_SIGMAS,
+    level_gap,
+    metric_gap,
+    standard_error,
+    validation_failure,
+    validation_gap,
+)
+from tuner.run.confirmation_findings import Checkpoint, Confirmation
+from tuner.trial_types import TrialOutcome, TrialResult
 
 CHECKPOINTS = 4
 STEPS_MULTIPLE = 10

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import ARTIFACT, EVENTS_TAG, guard_record
-from tuner.process_lines import DONE, EPOCH, read_line
 from tuner.errors import TaskError, UsageError
 from tuner.judging.learning import LEVEL_ALLOWANCE
+from tuner.process_lines import DONE, EPOCH, read_line
 from tuner.records.mlflow_records import experiment_for
 from tuner.records.mlflow_stores import default_tracking_uri
 

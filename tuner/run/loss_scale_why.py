@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from tuner.apply.config import PrecisionConfig, compute_dtype_of, power_of_two as _power
+from tuner.apply.config import PrecisionConfig, compute_dtype_of
+from tuner.apply.config import power_of_two as _power
 from tuner.judging.decision import no_loss_scale_evidence
 from tuner.run.plan import RunPlan
 from tuner.trial_types import TrialResult

@@ -26,8 +26,15 @@ from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
 from tuner.judging.sizing import DEFAULT_CAP_S
 from tuner.records.run_store import BEST_FILE
 from tuner.run.confirmation_run import DEFAULT_SECONDS as CONFIRM_SECONDS
-from tuner.run.option_checks import (Check, gain, option_fields, positive_int, ratio, seconds,
-                                     workers_count)
+from tuner.run.option_checks import (
+    Check,
+    gain,
+    option_fields,
+    positive_int,
+    ratio,
+    seconds,
+    workers_count,
+)
 from tuner.search.space_files import looks_like_path
 
 DEFAULT_FINALISTS = 3

@@ -14,19 +14,24 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.apply.config import compute_dtype_of
-from tuner.run.confirmation_run import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS, ConfirmBudget
+from tuner.errors import UsageError
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
-from tuner.run.options import (DEFAULT_FINALISTS, DEFAULT_TIME_LIMIT, TuneOptions,
-                               check_resume, space_ref)
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
-from tuner.errors import UsageError
 from tuner.judging.sizing import BATCH_POOL, DEFAULT_CAP_S, Sizing
 from tuner.judging.underflow import gradient_histograms
+from tuner.records.timing import CANNOT_WIN_BELOW
+from tuner.run.confirmation_run import DEFAULT_SECONDS as DEFAULT_CONFIRM_SECONDS
+from tuner.run.confirmation_run import ConfirmBudget
+from tuner.run.options import (
+    DEFAULT_FINALISTS,
+    DEFAULT_TIME_LIMIT,
+    TuneOptions,
+    check_resume,
+    space_ref,
+)
 from tuner.search.space import MIN_TIMED_STEPS, SearchSpace
 from tuner.search.space_files import load_space
-from tuner.records.timing import CANNOT_WIN_BELOW
-
 
 # A trial whose training runs past this many times the float32 baseline's (an emulated dtype
 # runs 10-300x slower) stops there and is judged on the steps it took; never under

@@ -29,12 +29,17 @@ import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
-from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
-from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
 from tuner.errors import TunerError
-from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
-                                 round_log_ratios, speedup_from_log_ratios)
+from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
+from tuner.judging.noise import (
+    PooledNoise,
+    SpeedupEstimate,
+    projected_speedup,
+    round_log_ratios,
+    speedup_from_log_ratios,
+)
 from tuner.records.results import TrialRow
+from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
 from tuner.run.finalists import clearly_behind, finalists_of
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult

@@ -18,20 +18,25 @@ from typing import Any
 
 from tuner import job_context
 from tuner.execution.base import Executor
-from tuner.run.plan import RunPlan
-from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
-from tuner.search.study_versions import continue_study, fits
-from tuner.run.by_objective import winner_of
-from tuner.records.results import Progress, TuneSummary
-from tuner.records.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
 from tuner.machine import machine_description
-from tuner.run.closing import (close_records, fresh_rss_line, node_losses,
-                               record_exclusive_phases, summary_of)
-from tuner.run.trial_records import TrialRecorder, flush_quietly
-from tuner.run.trial_loop import Scheduler
-from tuner.records.timing import TimeBreakdown
 from tuner.records.mlflow_records import Tracker
 from tuner.records.mlflow_stores import default_tracking_uri
+from tuner.records.results import Progress, TuneSummary
+from tuner.records.run_store import SUBMITTED_LOG, RunStore, SubmissionLog, write_atomic
+from tuner.records.timing import TimeBreakdown
+from tuner.run.by_objective import winner_of
+from tuner.run.closing import (
+    close_records,
+    fresh_rss_line,
+    node_losses,
+    record_exclusive_phases,
+    summary_of,
+)
+from tuner.run.plan import RunPlan
+from tuner.run.trial_loop import Scheduler
+from tuner.run.trial_records import TrialRecorder, flush_quietly
+from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
+from tuner.search.study_versions import continue_study, fits
 
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,

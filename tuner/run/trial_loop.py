@@ -15,17 +15,17 @@ from tuner import interrupt
 from tuner.apply.config import PrecisionConfig, compute_dtype_of
 from tuner.errors import TunerError
 from tuner.execution.base import Executor
-from tuner.run.plan import RunPlan
-from tuner.search.space import MIN_TIMED_STEPS
-from tuner.search.proposer import Proposal, Proposer
-from tuner.records.results import NoProgress, Progress, TrialRow
-from tuner.records.timing import TimeBreakdown
-from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 from tuner.judging.decision import no_loss_scale_evidence
-from tuner.judging.worth_training import HoldKind, hold_for, needs_no_more_memory
-from tuner.run.held import HeldConfigs
 from tuner.judging.underflow import trained_scale, underflow_note
 from tuner.judging.verdict import Judgement, judge
+from tuner.judging.worth_training import HoldKind, hold_for, needs_no_more_memory
+from tuner.records.results import NoProgress, Progress, TrialRow
+from tuner.records.timing import TimeBreakdown
+from tuner.run.held import HeldConfigs
+from tuner.run.plan import RunPlan
+from tuner.search.proposer import Proposal, Proposer
+from tuner.search.space import MIN_TIMED_STEPS
+from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
 
 # Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
 # stay alive there (built and traced once for the search and the re-measurement), unless

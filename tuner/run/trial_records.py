@@ -7,11 +7,11 @@ import time
 from typing import Any
 
 from tuner.apply.config import PrecisionConfig
+from tuner.errors import first_line
 from tuner.records.results import TrialRow, row_record
 from tuner.records.run_store import RunStore
-from tuner.search.space import placed_layers
 from tuner.records.timing import TimeBreakdown
-from tuner.errors import first_line
+from tuner.search.space import placed_layers
 
 
 class TrialRecorder:

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.apply.config import PrecisionConfig
-from tuner.search.space import SearchSpace, effective_placement
-from tuner.trial_types import FailureClass
 from tuner.judging.objective import Objective
 from tuner.judging.verdict import Verdict
+from tuner.search.space import SearchSpace, effective_placement
+from tuner.trial_types import FailureClass
 
 UNSTABLE = 1.0  # Optuna constraint value of an unstable trial (feasible is <= 0)
 _MAX_REPEATED_ASKS = 50  # a sampler that only repeats itself has nothing new to offer

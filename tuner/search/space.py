@@ -13,14 +13,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
-from tuner.apply.config import (PURE_POLICIES, Epsilon, Float32Placement, LossScale,
-                          PrecisionConfig, compute_dtype_of)
+from tuner.apply.config import (
+    PURE_POLICIES,
+    Epsilon,
+    Float32Placement,
+    LossScale,
+    PrecisionConfig,
+    compute_dtype_of,
+)
 from tuner.apply.vocabulary import LossScaleKind, WeightUpdate
 from tuner.errors import SearchSpaceError
 from tuner.search import dimensions as walk
 from tuner.search.dimensions import Dimension, Suggester
-from tuner.search.layer_matches import (effective_placement, group_paths, no_layer_message,
-                                        pattern_paths, placed_layers)
+from tuner.search.layer_matches import (
+    effective_placement,
+    group_paths,
+    no_layer_message,
+    pattern_paths,
+    placed_layers,
+)
 
 MIN_TIMED_STEPS = 3  # step times after warm-up needed to measure anything
 # `initial_scales: [auto]` searches powers of two around the diagnostics' recommendation: a

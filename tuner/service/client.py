@@ -29,8 +29,14 @@ from typing import Any
 
 from tuner import job_context
 from tuner.errors import ServiceOutage, UsageError, first_line
-from tuner.service.contract import (JOB_KIND, MLFLOW_USER, RECORD_JOB, SERVICE_ENV, TOKEN_ENV,
-                                    client_for)
+from tuner.service.contract import (
+    JOB_KIND,
+    MLFLOW_USER,
+    RECORD_JOB,
+    SERVICE_ENV,
+    TOKEN_ENV,
+    client_for,
+)
 from tuner.service.job_server import JobServer
 
 

@@ -44,11 +44,30 @@ from pathlib import Path
 
 from tuner.errors import TunerError, UsageError, first_line
 from tuner.execution.warm_pool import describe as describe_pool
-from tuner.service.contract import (CLAIMED, DRIVERS, JOB_KIND, MLFLOW_USER, READY,
-                                    RECORD_JOB, SPARES, STARTING, client_for)
-from tuner.service.service_info import (LOOPBACK, ServiceInfo, alive, check_ports,
-                                        ensure_token, free_port, ray_temp_dir, read_info,
-                                        running, token_path, write_info)
+from tuner.service.contract import (
+    CLAIMED,
+    DRIVERS,
+    JOB_KIND,
+    MLFLOW_USER,
+    READY,
+    RECORD_JOB,
+    SPARES,
+    STARTING,
+    client_for,
+)
+from tuner.service.service_info import (
+    LOOPBACK,
+    ServiceInfo,
+    alive,
+    check_ports,
+    ensure_token,
+    free_port,
+    ray_temp_dir,
+    read_info,
+    running,
+    token_path,
+    write_info,
+)
 
 _START_TIMEOUT_S = 120.0
 

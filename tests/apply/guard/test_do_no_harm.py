@@ -16,10 +16,10 @@ from __future__ import annotations
 import keras
 import pytest
 
+from tests.apply.guard.test_repairs import ROOT, _task
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.apply.guard.watch import Harm
-from tests.apply.guard.test_repairs import ROOT, _task
 
 EPOCHS = 6   # 16 steps an epoch
 

@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.apply.guard.test_guard import _train, around
+from tests.apply.guard.test_repairs import _fit as _fit_task
+from tests.apply.guard.test_repairs import _task
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.errors import GuardError
-from tests.apply.guard.test_guard import _train, around
-from tests.apply.guard.test_repairs import _fit as _fit_task, _task
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]

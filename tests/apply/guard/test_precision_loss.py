@@ -19,8 +19,8 @@ import math
 
 import pytest
 
-from tuner import PrecisionConfig
 from tests.apply.guard.test_repairs import ROOT, _fit, _task
+from tuner import PrecisionConfig
 
 pytestmark = pytest.mark.slow
 EPOCHS = 20

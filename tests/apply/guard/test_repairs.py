@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.apply.guard.test_guard import _digits_model as _healthy_model
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
-from tuner.errors import GuardError
 from tuner.apply.guard.precision_loss import Float32CheckWatch
-from tests.apply.guard.test_guard import _digits_model as _healthy_model
+from tuner.errors import GuardError
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]

@@ -20,9 +20,9 @@ import math
 import keras
 import pytest
 
+from tests.apply.guard.test_repairs import ROOT, _task
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
-from tests.apply.guard.test_repairs import ROOT, _task
 
 pytestmark = pytest.mark.slow
 OWN = ("d_optimizer", "g_optimizer")

@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from tuner import PrecisionConfig
 from tests.apply.guard.test_repairs import ROOT, _fit, _float16, _task
+from tuner import PrecisionConfig
 
 pytestmark = pytest.mark.slow
 NORMS = {"unit_normalization", "unit_normalization_1", "unit_normalization_2"}

@@ -10,10 +10,10 @@ import keras
 import numpy as np
 import pytest
 
+from tests.apply.loaded.saved_kinds import KINDS, save_all, save_mixed_with_float32_softmax
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.dtype_origins import DtypeOrigin, origin_of
 from tuner.apply.layers import layer_paths
-from tests.apply.loaded.saved_kinds import KINDS, save_all, save_mixed_with_float32_softmax
 from tuner.worker.task.keras_state import reset_keras_state
 
 

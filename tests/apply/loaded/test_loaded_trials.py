@@ -12,12 +12,12 @@ import keras
 import numpy as np
 import pytest
 
+from tests.apply.loaded.saved_kinds import KINDS, save_all, task_file
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.check.task_check import check_task
 from tuner.worker.trial.trial import run_trial
-from tests.apply.loaded.saved_kinds import KINDS, save_all, task_file
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.apply.loaded.saved_kinds import KINDS, save_all, task_file
+from tests.apply.loaded.saved_kinds import save_all, task_file
 from tests.support.records import read_trials
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.suites.faults.accounting import Accounting, account
-from tests.suites.faults.conftest import Fault, summary_line
 from tests.suites.faults.cli_runs import SPACE, TASK
+from tests.suites.faults.conftest import Fault, summary_line
 
 pytestmark = pytest.mark.system
 

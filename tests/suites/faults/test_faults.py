@@ -18,9 +18,19 @@ import pytest
 
 from tests.conftest import not_injectable
 from tests.suites.faults.accounting import mlflow_trial_numbers
+from tests.suites.faults.cli_runs import (
+    KILL_RUN,
+    ROOT,
+    SLOW_TASK,
+    _free_port,
+    _run_until,
+    assert_accounted,
+    command,
+    fault_env,
+    mlflow_trial_runs,
+    run,
+)
 from tests.support.records import read_trials
-from tests.suites.faults.cli_runs import (KILL_RUN, ROOT, SLOW_TASK, _free_port, _run_until,
-                                   assert_accounted, command, fault_env, mlflow_trial_runs, run)
 
 pytestmark = pytest.mark.system
 

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.suites.faults.cli_runs import (KILL_RUN, SLOW_TASK, _run_until, assert_accounted, command,
-                                   fault_env, mlflow_trial_runs, records, run)
+from tests.suites.faults.cli_runs import (
+    KILL_RUN,
+    SLOW_TASK,
+    _run_until,
+    assert_accounted,
+    command,
+    fault_env,
+    mlflow_trial_runs,
+    records,
+    run,
+)
 
 pytestmark = pytest.mark.system
 

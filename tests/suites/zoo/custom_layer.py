@@ -2,8 +2,8 @@
 linear layer and an RMS normalization layer, used in a fully subclassed model."""
 
 import keras
-from keras import ops
 import numpy as np
+from keras import ops
 
 BATCH_SIZE = 32
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

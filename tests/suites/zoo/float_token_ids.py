@@ -3,8 +3,8 @@ embedding layer: a vocabulary of 5000 words, above what float16 (2048) or bfloat
 holds exactly."""
 
 import keras
-from keras import layers, ops
 import numpy as np
+from keras import layers, ops
 
 VOCAB = 5000
 MAXLEN = 12

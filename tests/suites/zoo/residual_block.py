@@ -2,8 +2,8 @@
 to its input with a raw op (x + attention(x, x))."""
 
 import keras
-from keras import layers
 import numpy as np
+from keras import layers
 
 BATCH_SIZE = 32
 LOSS = "sparse_categorical_crossentropy"

@@ -9,6 +9,7 @@ CPU emulates float16 (70-400x slower), which would only make the suite slow.
 from pathlib import Path
 
 import pytest
+
 from tests.support.records import read_trials
 
 pytestmark = pytest.mark.slow
@@ -55,9 +56,9 @@ def executor():
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     from tuner.apply.config import PrecisionConfig
-    from tuner.run.search_run import run_search
     from tuner.run.options import TuneOptions
     from tuner.run.plan import Remeasurement, resolve
+    from tuner.run.search_run import run_search
 
     space = tmp_path / "zoo.yaml"
     space.write_text(SPACE)

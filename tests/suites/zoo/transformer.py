@@ -3,8 +3,8 @@ embedding layer and a transformer block written as Layer subclasses (MultiHeadAt
 Sequential feed-forward net, LayerNormalization, Dropout)."""
 
 import keras
-from keras import layers, ops
 import numpy as np
+from keras import layers, ops
 
 VOCAB = 200
 MAXLEN = 16

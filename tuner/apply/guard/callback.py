@@ -44,7 +44,8 @@ import keras
 
 from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
-from tuner.apply.guard import detectors as checks, mlflow_record, readings
+from tuner.apply.guard import detectors as checks
+from tuner.apply.guard import mlflow_record, readings
 from tuner.apply.guard.detectors import Detector, Finding, StepReading, findings
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Notice

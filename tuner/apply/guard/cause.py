@@ -25,7 +25,6 @@ from tuner.apply.instruments import first_non_finite, non_finite, traced_step
 from tuner.apply.layers import layer_paths
 from tuner.apply.scope import Float32Placer
 
-
 FLOOR_HEADROOM = 4   # a lowered floor sits 2^4 below the scale that one batch fits
 
 

@@ -15,8 +15,12 @@ from tuner.errors import TaskError, describe, first_line
 from tuner.worker.check.model_files import model_file_failure
 from tuner.worker.device.ceiling import largest_kernel, measure_ceiling
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.task.task_model import (batch_size_of, compile_by_task, has_forward_pass,
-                                          watch_step)
+from tuner.worker.task.task_model import (
+    batch_size_of,
+    compile_by_task,
+    has_forward_pass,
+    watch_step,
+)
 
 
 def optimizer_facts(*optimizers) -> dict:

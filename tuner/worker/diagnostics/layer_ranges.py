@@ -18,9 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from tuner.judging.layer_risk import (FLOAT16_MAX, FLOAT16_MIN_NORMAL, FLOAT16_MIN_SUBNORMAL,
-                                      add_flushed_shares, float32_candidates, recommend_loss_scale,
-                                      risk_score)
+from tuner.judging.layer_risk import (
+    FLOAT16_MAX,
+    FLOAT16_MIN_NORMAL,
+    FLOAT16_MIN_SUBNORMAL,
+    add_flushed_shares,
+    float32_candidates,
+    recommend_loss_scale,
+    risk_score,
+)
+
 
 def tensor_stats(values) -> dict[str, float]:
     """Range statistics of one tensor, as plain floats."""

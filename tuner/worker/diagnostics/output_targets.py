@@ -26,8 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from tuner.worker.diagnostics.continuous_inputs import (ERASING_NOISE, SIXTEEN_BIT, rounding_noise,
-                                                        step_at)
+from tuner.worker.diagnostics.continuous_inputs import (
+    ERASING_NOISE,
+    SIXTEEN_BIT,
+    rounding_noise,
+    step_at,
+)
 
 FLOAT16_MAX = 65504.0
 HEAD_HEADROOM = 4.0   # as tuner.judging.layer_risk's score: two doublings from overflow

@@ -27,6 +27,7 @@ from tuner.worker.task.task_model import compile_for_trial
 from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.trial.steps import fit_steps, step_recorder
 
+
 class Failed(Exception):
     """The model failed to train under the config; the message is one line."""
 

@@ -16,6 +16,7 @@ from tuner.judging.early_stop import should_stop
 from tuner.judging.sizing import Sizing
 from tuner.trial_types import TrialResult, TrialSpec
 
+
 def fit_steps(model, batches, steps: int, callbacks=()) -> None:
     """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
 

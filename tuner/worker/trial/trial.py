@@ -16,8 +16,12 @@ from tuner.apply.reach import activation_share, precision_reach, reached_none, u
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.task.task_model import (batch_size_of, compile_for_trial, has_forward_pass,
-                                          one_pass)
+from tuner.worker.task.task_model import (
+    batch_size_of,
+    compile_for_trial,
+    has_forward_pass,
+    one_pass,
+)
 from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.trial.live_models import keep
 from tuner.worker.trial.memory import MemoryMeter, training_memory
