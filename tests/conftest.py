@@ -51,6 +51,8 @@ TIER_OF_PATH = {
     "tests/judging/": "unit",
     "tests/project/": "cli",
     "tests/project/test_structure.py": "unit",
+    "tests/project/test_keras_seam.py": "unit",
+    "tests/project/test_dependency_ranges.py": "unit",
     "tests/records/": "unit",
     "tests/records/test_tracking.py": "fast",       # MLflow's store in-process (it runs uname)
     "tests/records/test_record_order.py": "fast",

@@ -103,6 +103,7 @@ def test_the_installed_environment_is_inside_the_range():
     assert dependency_versions.unsupported_versions() == ()
 
 
+@pytest.mark.cli  # imports in a fresh interpreter
 def test_the_check_imports_nothing_heavy():
     code = ("import sys, tuner.dependency_versions as d; d.unsupported_versions(); "
             "print(sorted(m for m in ('keras', 'tensorflow', 'ray', 'mlflow', 'optuna') "

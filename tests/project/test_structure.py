@@ -195,10 +195,19 @@ def _reason(path: Path, what: str) -> bool:
     return what in docstring
 
 
+def _lines_outside_imports(path: Path) -> int:
+    """A module's lines less its import statements: ruff's isort writes a long import one name
+    a line, which says what a module uses, not how much it does."""
+    tree = ast.parse(path.read_text())
+    imports = sum(node.end_lineno - node.lineno + 1 for node in tree.body
+                  if isinstance(node, (ast.Import, ast.ImportFrom)))
+    return len(path.read_text().splitlines()) - imports
+
+
 def test_modules_and_functions_stay_small_or_say_why():
     wrong = []
     for module, path in MODULES.items():
-        lines = len(path.read_text().splitlines())
+        lines = _lines_outside_imports(path)
         if lines > MAX_LINES:
             wrong.append(f"{path.relative_to(PACKAGE.parent)}: {lines} lines, over the "
                          f"{MAX_LINES}-line limit that no reason lifts: split it along a role")
