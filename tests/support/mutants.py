@@ -40,6 +40,22 @@ MUTANTS = [
            "    return reached_none(reach)\n", "    return False\n",
            ("tests/apply/loaded/test_loaded_trials.py::"
             "test_layers_built_with_float32_in_code_fail_as_unreached",)),
+    Mutant("the loss gap counts at its first check, not the second in a row",
+           "tuner/apply/guard/precision_loss.py",
+           "self._running = InARow(2)", "self._running = InARow(1)",
+           ("tests/apply/guard/test_check_rules.py::"
+            "test_the_loss_gap_counts_at_the_second_check_running",)),
+    Mutant("a disagreeing layer counts at its first check, not the second in a row",
+           "tuner/apply/guard/detectors.py",
+           "self._suspects = InARow(2)", "self._suspects = InARow(1)",
+           ("tests/apply/guard/test_check_rules.py::"
+            "test_a_layer_disagreeing_counts_at_the_second_check_in_a_row",)),
+    Mutant("out of repairs stops under a mixed policy too", "tuner/apply/guard/ladder.py",
+           '        trip.end, trip.why = End.DONE, "out of repairs"\n'
+           "        if not ladder.training.last_resort_left():\n",
+           '        trip.end, trip.why = End.DONE, "out of repairs"\n'
+           "        if True:\n",
+           ("tests/apply/guard/test_last_resort.py",)),
 ]
 
 

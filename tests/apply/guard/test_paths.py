@@ -148,7 +148,7 @@ def test_pure_float16_records_the_layers_for_next_time_and_stops_without_a_last_
     config = PrecisionConfig(policy="float16", loss_scale=LossScale("dynamic", floor=1e-6))
     _, unguarded, _ = _fit_task(task, config, epochs=3, guard=False)
     assert not math.isfinite(unguarded[-1])
-    guard = config.guard(verbose=0)
+    guard = config.guard(verbose=0, check_budget=None)
     keras.utils.set_random_seed(0)
     keras.backend.clear_session()
     with config.scope():
