@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import pathlib
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, the lowest the project admits: its backport
+    import tomli as tomllib
 
 from packaging.requirements import Requirement
 

@@ -34,13 +34,24 @@ Notices, recorded without a trip:
 
 from __future__ import annotations
 
-from enum import StrEnum
+import enum
 
 # A failure kind is a ``Failure`` or, for a detector defined outside the guard, any string: the
 # ladder's generic rungs answer what they recognise, and a rung of its own the rest.
 
 
-class Failure(StrEnum):
+class _Kind(str, enum.Enum):
+    """A kind that is its own text: ``str(kind)`` and f-strings give the value (as Python
+    3.11's ``StrEnum`` does; written out, because Python 3.10 is in the supported range)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Failure(_Kind):
     NON_FINITE_LOSS = "non_finite_loss"
     SCALE_AT_FLOOR = "scale_at_floor"
     SCALE_COLLAPSED = "scale_collapsed"
@@ -65,7 +76,7 @@ class Failure(StrEnum):
         return self in (Failure.SILENT_LAYER, Failure.PRECISION_LOSS, Failure.FLOAT32_GAP)
 
 
-class Notice(StrEnum):
+class Notice(_Kind):
     PRECISION_UNREACHED = "precision_unreached"
     GAVE_UP = "gave_up"
     LEFT_AS_IS = "left_as_is"
