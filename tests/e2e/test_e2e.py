@@ -89,6 +89,32 @@ def test_best_config_is_written_and_loadable(tuned):
     assert trials[0]["config"]["policy"] == "float32"  # the baseline ran first
 
 
+def test_the_tune_ran_on_the_executor_it_chose_and_said_so(tuned):
+    """What the tune ran on, from its own records: run.json's executor, the console line, the
+    parent run's param, and the local worker's log copied into the run (Ray's executor has
+    none, and records its exclusive phases instead). The rule that chooses is tested in
+    tests/execution/test_executor_choice.py; the piece that says and records it fast in
+    tests/api/test_executor_said.py, which names the mutations it catches."""
+    from mlflow import MlflowClient
+
+    from tuner.execution.choice import choose
+
+    run_dir, _, stdout = tuned
+    expected = choose("auto", "auto", None, service_job=False)   # no --executor, no --workers
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["executor"]["kind"], record["executor"]["why"]) == (expected.kind,
+                                                                       expected.why)
+    assert f"trials: {expected.line()}" in stdout
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    parent = client.get_run(record["parent_run_id"])
+    assert parent.data.params["executor"] == expected.kind
+    if expected.kind == "local":
+        assert (run_dir / "worker.log").is_file()   # the local worker's own log
+        assert "starting Ray workers" not in stdout and "exclusive_phases" not in record
+    else:
+        assert not (run_dir / "worker.log").exists()
+
+
 def test_mlflow_has_parent_and_child_runs_with_metrics(tuned):
     from mlflow import MlflowClient
 

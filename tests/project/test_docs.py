@@ -3,6 +3,7 @@ out of the navigation fails), its CLI reference is the parser's, and every piece
 user page and in the README is run as pasted (tests/project/test_snippets.py) or says why not; an
 excerpt is checked against a file a test runs, so no snippet can rot."""
 
+import ast
 import os
 import re
 import shutil
@@ -17,7 +18,8 @@ from tests.support.snippets import all_blocks, blocks_of, user_pages
 
 # Files a page may show an excerpt of (``<!-- excerpt: PATH -->``), and the test that runs each.
 TESTED_EXAMPLES = {
-    "examples/from_python.py": "tests/api/test_python_api.py::test_a_model_defined_in_main_tunes",
+    "examples/from_python.py":
+        "tests/api/test_python_api.py::test_a_model_defined_in_main_tunes_and_its_pick_applies",
     "examples/apply_config.py": "tests/project/test_docs.py::test_the_apply_example_runs_as_shown",
     "examples/dcgan.py": "tests/e2e/test_own_compile_e2e.py::test_the_guides_gan_tunes_end_to_end",
 }
@@ -119,6 +121,30 @@ def test_every_python_block_on_a_user_page_runs_or_is_an_excerpt_or_says_why_not
     for page in user_pages():   # GitHub shows an include as its raw line
         assert "--8<--" not in page.read_text(), \
             f"{page}: an --8<-- include shows as a raw line on GitHub: write the code itself"
+
+
+def test_every_tested_example_names_a_test_that_exists_and_runs_it():
+    """Each TESTED_EXAMPLES entry is a node id whose test is defined in its file (read as
+    source: collecting it would import TensorFlow) and whose own code names the example, so a
+    renamed test or one that stopped running the example fails here, not silently.
+    Mutation caught: the test that runs examples/from_python.py renamed
+    (tests/api/test_python_api.py)."""
+    for example, node in TESTED_EXAMPLES.items():
+        assert (ROOT / example).is_file(), f"TESTED_EXAMPLES: {example} does not exist"
+        path, *names = node.split("::")
+        assert (ROOT / path).is_file(), f"TESTED_EXAMPLES[{example!r}]: no file {path}"
+        scope: list[ast.stmt] = ast.parse((ROOT / path).read_text()).body
+        found = None
+        for name in names:   # a class, then its test; or the test at the top
+            found = next((item for item in scope if getattr(item, "name", None) == name), None)
+            assert found is not None, f"TESTED_EXAMPLES[{example!r}]: {node} does not exist " \
+                                      f"({name} is not defined in {path})"
+            scope = getattr(found, "body", [])
+        assert isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            and found.name.startswith("test_"), f"{node} is not a test"
+        source = ast.get_source_segment((ROOT / path).read_text(), found)
+        assert Path(example).name in source, \
+            f"TESTED_EXAMPLES[{example!r}]: {node} does not name {Path(example).name}"
 
 
 def test_the_readme_is_short_and_its_python_blocks_run_as_pasted():

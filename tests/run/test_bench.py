@@ -18,6 +18,8 @@ TINY = str(TASKS / "tiny_mlp.py")
 SUMMARY = re.compile(r"^speedup (\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+)\] over (\d+) rounds "
                      r"\(95% interval\): (faster than float32|slower than float32|a tie)",
                      re.MULTILINE)
+# What the summary line says for each verdict (group 5 of SUMMARY).
+SAID = {"faster": "faster than float32", "slower": "slower than float32", "tie": "a tie"}
 
 
 def cli(*args):
@@ -48,7 +50,7 @@ def test_bench_times_float32_against_the_config_in_abba_rounds(tmp_path, bf16):
     estimate = SpeedupEstimate.from_dict(record["speedup"])   # checks low <= ratio <= high
     assert estimate.rounds == 2 and math.isfinite(estimate.high)
     assert record["verdict"] == verdict(estimate)
-    assert record["verdict"] in found.group(5) or found.group(5) == "a tie"
+    assert found.group(5) == SAID[record["verdict"]]   # the line says the record's verdict
     assert record["policies"] == {"float32": "float32", "config": "mixed_bfloat16"}
     assert [r["order"] for r in record["rounds"]] == ["AB", "BA"]
     for r in record["rounds"]:
@@ -121,6 +123,9 @@ def _measured(float32_ms: list[float], config_ms: list[float]) -> list[dict]:
     ([10.0, 10.0, 10.0, 10.0], [8.0, 12.5, 8.0, 12.5], "tie"),
 ])
 def test_the_verdict_follows_the_interval(tmp_path, float32_ms, config_ms, expected):
+    """The verdict, and the summary line saying exactly that verdict.
+    Mutation caught: the summary says "a tie" for a faster config (tuner/run/bench.py
+    summary); and one that says "slower" for faster and the other way round."""
     config = PrecisionConfig(policy="mixed_bfloat16")
     record = _record(tmp_path / "t.py", tmp_path / "c.json", config,
                      _measured(float32_ms, config_ms), 3, 1, 0)
@@ -128,6 +133,7 @@ def test_the_verdict_follows_the_interval(tmp_path, float32_ms, config_ms, expec
     assert record["verdict"] == expected
     assert (estimate.low <= 1.0 <= estimate.high) == (expected == "tie")
     line = summary(record)
-    assert SUMMARY.search(line) and ("a tie" in line) == (expected == "tie")
+    found = SUMMARY.search(line)
+    assert found and found.group(5) == SAID[expected], line
     assert [r["ratio"] for r in record["rounds"]] == pytest.approx(
         [a / b for a, b in zip(float32_ms, config_ms)])

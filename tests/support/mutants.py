@@ -56,6 +56,48 @@ MUTANTS = [
            '        trip.end, trip.why = End.DONE, "out of repairs"\n'
            "        if True:\n",
            ("tests/apply/guard/test_last_resort.py",)),
+    Mutant("one trip stops after the first layer whose backward pass overflows",
+           "tuner/apply/guard/ladder.py",
+           "            found = again\n",
+           "            found = again\n            break\n",
+           ("tests/apply/guard/test_one_trip.py::"
+            "test_one_trip_moves_every_failing_layer_and_nothing_else",)),
+    Mutant("the test that runs an excerpted example renamed", "tests/api/test_python_api.py",
+           "def test_a_model_defined_in_main_tunes_and_its_pick_applies(",
+           "def test_a_model_defined_in_main_tunes(",
+           ("tests/project/test_docs.py::"
+            "test_every_tested_example_names_a_test_that_exists_and_runs_it",)),
+    Mutant("bench says a tie for a faster config", "tuner/run/bench.py",
+           '"faster": "faster than float32",',
+           '"faster": "a tie with float32 (the interval holds 1.00: within noise)",',
+           ("tests/run/test_bench.py::test_the_verdict_follows_the_interval",)),
+    Mutant("bench says slower for faster and faster for slower", "tuner/run/bench.py",
+           '"faster": "faster than float32",\n              "slower": "slower than float32",',
+           '"faster": "slower than float32",\n              "slower": "faster than float32",',
+           ("tests/run/test_bench.py::test_the_verdict_follows_the_interval",)),
+    Mutant("the last resort's step not traced anew", "tuner/apply/guard/training.py",
+           "        cause.whole_model_float32(self.model)\n        self.retrace()\n",
+           "        cause.whole_model_float32(self.model)\n",
+           ("tests/apply/guard/test_last_resort.py::"
+            "test_after_the_last_resort_the_training_computes_in_float32_and_its_loss_is_finite",)),
+    Mutant("train makes its run directory before reading the config",
+           "tuner/run/guarded_training.py",
+           "    PrecisionConfig.load(config_path)  # refused here, in one line, before any process "
+           "starts\n    run_dir.mkdir(parents=True, exist_ok=True)\n",
+           "    run_dir.mkdir(parents=True, exist_ok=True)\n"
+           "    PrecisionConfig.load(config_path)\n",
+           ("tests/run/test_guarded_training.py::"
+            "test_a_missing_config_is_refused_before_the_run_directory_is_made",)),
+    Mutant("the job records ray while running on the local worker", "tuner/api/job.py",
+           "        executor.chosen = choice.to_dict()\n",
+           '        executor.chosen = {**choice.to_dict(), "kind": "ray"}\n',
+           ("tests/api/test_executor_said.py::"
+            "test_the_local_choice_runs_the_local_worker_and_records_local",)),
+    Mutant("the executor choice ignored: Ray for every tune", "tuner/api/job.py",
+           '    if choice.kind == "local":\n        executor = LocalProcessExecutor()\n',
+           '    if False:\n        executor = LocalProcessExecutor()\n',
+           ("tests/api/test_executor_said.py::"
+            "test_the_local_choice_runs_the_local_worker_and_records_local",)),
 ]
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from tests.apply.guard.test_guard import _digits_model as _healthy_model
+from tests.apply.guard.test_one_trip import failing_layers
 from tuner import PrecisionConfig
 from tuner.apply.config import LossScale
 from tuner.apply.guard.precision_loss import Float32CheckWatch
@@ -137,15 +138,22 @@ def test_the_float32_check_trips_the_guard_through_a_real_training():
 
 # -- several layers at once under the tuner's floor ---------------------------------------------
 def test_one_trip_moves_every_failing_layer(silent):
+    """Over a whole training, beside float32. Mutation caught (first by the fast
+    tests/apply/guard/test_one_trip.py): the trip stops after the first layer whose backward
+    pass overflows, so only the norms move."""
     task, runs = silent
     float32 = runs["float32"][1][-1]
     _, unguarded, _ = _fit(task, _float16(1.0), epochs=5, guard=False)
     _, guarded, watcher = _fit(task, _float16(1.0), epochs=30, guard=True)
     assert unguarded[-1] > 10 * float32  # updates skipped at the floor: nothing learned
     assert guarded[-1] <= 1.5 * float32
-    event = watcher.events[0]
-    assert NORMS <= set(event.layers)  # the silent ones with the overflowing ones
+    # Every failing layer (the silent norms and those whose backward pass overflows at the
+    # floor, found independently of the guard) moved in the first trip, and nothing else.
+    failing = failing_layers(task, _float16(1.0))
+    assert NORMS < failing
+    assert set(watcher.events[0].layers) == failing
     assert all(not other.layers for other in watcher.events[1:])  # all moved at once
+    assert set(watcher.config.float32.layers) == failing
     assert watcher.config.policy == "mixed_float16"
 
 

@@ -50,7 +50,11 @@ def test_train_against_float32_writes_the_verdict_events_and_amended_config(tmp_
 
 
 def test_a_missing_config_is_one_line_and_exit_2(tmp_path):
-    done = _cli("train", "examples/house_prices.py", "--config", str(tmp_path / "none.json"))
+    """Refused before the run directory is made (the one --run-dir names: without it the
+    check looked where nothing could ever be written). The rule itself is tested fast in
+    tests/run/test_guarded_training.py, which names the mutation it catches."""
+    done = _cli("train", "examples/house_prices.py", "--config", str(tmp_path / "none.json"),
+                "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "config file not found" in done.stderr
     assert not (tmp_path / "run").exists()

@@ -40,15 +40,42 @@ def _resume_and_check(run_dir, before, fault, asked=4, executor="auto"):
 
 # Under the default (the local worker) and under Ray: one contract, two executors.
 EXECUTORS = pytest.mark.parametrize("executor", ["auto", "ray"])
+_RAY_PROGRAMS = (b"raylet", b"gcs_server")   # a Ray instance's own processes
+_LOCAL_WORKER = b"tuner.worker.programs.serve"
+
+
+def _expected_kind(executor: str) -> str:
+    from tuner.execution.choice import choose
+
+    return choose(executor, "auto", None, service_job=False).kind
+
+
+def assert_ran_on(run_dir, marker: str, kind: str) -> None:
+    """The run is on ``kind`` (``local`` or ``ray``): run.json says so, and its live processes
+    (those whose environment carries ``marker``, taken while a trial runs) are the local worker
+    without any Ray process, or Ray's without the local worker."""
+    assert json.loads((run_dir / "run.json").read_text())["executor"]["kind"] == kind
+    commands = _processes_with(marker)
+    ray = [line for line in commands if any(name in line.encode() for name in _RAY_PROGRAMS)]
+    local = [line for line in commands if _LOCAL_WORKER in line.encode()]
+    if kind == "local":
+        assert local and not ray, commands
+    else:
+        assert ray and not local, commands
 
 
 @EXECUTORS
 def test_sigkill_mid_study_then_resume(tmp_path, fault, executor):
+    """Also what each case ran on: "auto" on this machine is the local worker (no Ray
+    process), "ray" is Ray (no local worker)."""
     run_dir = tmp_path / "run"
+    marker = f"PRECISION_TUNER_FAULT_RUN={tmp_path.name}"
     args = command(run_dir, *KILL_RUN, "--trials", "4", "--executor", executor, task=SLOW_TASK,
                    space="quick")
-    process = _run_until(args, "#1")
+    process = _run_until(args, "#1", env={**fault_env("none"),
+                                          "PRECISION_TUNER_FAULT_RUN": tmp_path.name})
     time.sleep(1.0)  # trial #2 is running now
+    assert_ran_on(run_dir, marker, _expected_kind(executor))
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     before = records(run_dir)
@@ -70,8 +97,11 @@ def test_ctrl_c_ends_cleanly_and_leaves_the_study_resumable(tmp_path, fault, exe
     run_dir = tmp_path / "run"
     args = command(run_dir, *KILL_RUN, "--trials", "4", "--executor", executor, task=SLOW_TASK,
                    space="quick")
-    process = _run_until(args, "#1")
+    marker = f"PRECISION_TUNER_FAULT_RUN={tmp_path.name}"
+    process = _run_until(args, "#1", env={**fault_env("none"),
+                                          "PRECISION_TUNER_FAULT_RUN": tmp_path.name})
     time.sleep(1.0)
+    assert_ran_on(run_dir, marker, _expected_kind(executor))
     os.killpg(process.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
     output = process.stdout.read()
     assert process.wait(timeout=120) == 130, output
