@@ -267,9 +267,9 @@ def test_an_environment_without_tensorflow_is_told_which_extra_to_install(tmp_pa
 def test_the_named_tensorflow_is_what_the_cpu_extra_installs_there(machine, system):
     """The one line above names the build pyproject.toml's cpu extra chooses on each platform
     (tensorflow-cpu has no wheels for ARM or macOS), read from its environment markers."""
-    import tomllib
     from packaging.requirements import Requirement
 
+    from tests.support.pyproject import tomllib
     from tuner.run.task_file import tensorflow_requirement
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][

@@ -40,7 +40,7 @@ def test_floors_are_pinned_from_pyproject_with_markers_kept():
 
 
 def test_every_checked_package_declares_a_floor_and_a_ceiling():
-    import tomllib
+    from tests.support.pyproject import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = project["dependencies"] + project["optional-dependencies"]["cpu"]
