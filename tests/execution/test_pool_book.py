@@ -1,6 +1,8 @@
 """The warm pool's rules (tuner.execution.pool_book), without Ray: lending, one timed phase
 per node, no starved lock, and jobs whose driver died."""
 
+import pytest
+
 from tuner.execution.pool_book import SLOT, TIMING, PoolBook
 
 
@@ -90,6 +92,7 @@ def test_the_status_table_counts_busy_lent_and_idle_per_node():
     assert book.table()[0]["timing"] == "A"
 
 
+@pytest.mark.fast  # imports Ray, whose import may start a subprocess (Ray 2.40's GPU probe)
 def test_a_jobs_task_check_on_a_borrowed_worker_takes_turns_with_timed_phases(monkeypatch):
     """The task check, ceiling probe and diagnostics are TensorFlow work on the borrowed
     worker like a trial: they wait while another job times on the node, and that job's lock

@@ -71,6 +71,7 @@ def test_task_file_must_exist(tmp_path):
     assert check_task_file("examples/digits_mlp.py").name == "digits_mlp.py"
 
 
+@pytest.mark.fast  # imports Ray, whose import may start a subprocess (Ray 2.40's GPU probe)
 def test_a_worker_error_reads_as_its_own_type_and_first_line():
     import ray
 
