@@ -75,7 +75,10 @@ def smallest_float32_set(model: keras.Model, config: ConfigData, batch: Any) -> 
         return None
     found = search.minimise(pool)
     with search.placed(found):
-        after = BatchLoss(BatchLosses(model, compiled=False)(batch), before.in_float32)
+        as_is = BatchLosses(model, compiled=False)(batch)
+    if as_is is None:   # the batch's loss, computed for ``before``, failed with the set placed
+        return None
+    after = BatchLoss(as_is, before.in_float32)
     return FoundSet(tuple(found), before, after, search.tries)
 
 

@@ -37,7 +37,8 @@ class ScaleWatch:
                                    KERAS_FLOOR if self.scaled else config_floor))
         self.iterations = self.read_iterations()
         self.skipped_run = self.skipped_epoch = self.floor_steps = 0
-        self.fitted_at, self.fitted = -1, None   # the fitting scale found at a step
+        self.fitted_at = -1   # the step the fitting scale was found at
+        self.fitted: float | None = None
 
     @property
     def scaled(self) -> bool:
