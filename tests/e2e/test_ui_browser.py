@@ -41,7 +41,7 @@ def _require_browser() -> tuple[str, str]:
     missing = [name for name, path in (("chromium", chromium), ("chromedriver", chromedriver))
                if path is None]
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 - only whether it is installed
     except ImportError:
         missing.append("selenium (pip install -e '.[dev]')")
     if missing:
