@@ -295,8 +295,7 @@ class AdjustScale:
     def _rescale(training: Training, trip: Trip, watch: ScaleWatch) -> Callable[[], str] | None:
         fixed = not watch.dynamic
         if trip.batch is not None and trip.kind != Failure.SCALE_COLLAPSED:
-            ceiling = watch.scale() if fixed else watch.floor
-            assert ceiling is not None   # only a scaling optimizer (``watch.scaled``) comes here
+            ceiling = watch.known_scale() if fixed else watch.floor
             high = scales.exponent(ceiling) - 1
             if scales.overflows(training.model, trip.batch, watch, ceiling):
                 fitting = scales.largest_fitting(training.model, trip.batch, watch,

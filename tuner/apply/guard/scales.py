@@ -51,6 +51,12 @@ class ScaleWatch:
     def scale(self) -> float | None:
         return current_loss_scale(self.optimizer)
 
+    def known_scale(self) -> float:
+        """``scale()`` where the optimizer scales (``scaled``): then it always has one."""
+        scale = self.scale()
+        assert scale is not None, f"{self.name} applies no loss scale"
+        return scale
+
     def read_iterations(self) -> int:
         """Updates applied so far (a skipped step does not count)."""
         return applied_updates(self.optimizer)
