@@ -338,7 +338,8 @@ def write_doc() -> None:
 
 
 def render_doc() -> str:
-    """The text of docs/BENCHMARKS.md (tests/judging/test_benchmark_results.py compares the page)."""
+    """The text of docs/BENCHMARKS.md (tests/judging/test_benchmark_results.py compares the
+    page)."""
     lines = [
         "# Benchmarks",
         "",
@@ -395,9 +396,10 @@ def render_doc() -> str:
         lines.append("")
         quick_rows = [r for r in data["examples"] if "quick" in r]
         if quick_rows:
+            quick_dates = sorted({r['quick'].get('date', data['date']) for r in quick_rows})
             lines += ["Each example's `--space quick` tune (what `make demo` runs), as the "
                       "tuner broke its wall time down (run at "
-                      f"{', '.join(sorted({r['quick'].get('date', data['date']) for r in quick_rows}))}"
+                      f"{', '.join(quick_dates)}"
                       "; `--quick-only` re-runs just these):", "",
                       "| example | wall | training | tracing | outside share | traces / "
                       "configs timed | pick | where the time went |",

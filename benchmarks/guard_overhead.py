@@ -57,7 +57,8 @@ model.compile(optimizer=cfg.wrap_optimizer(task.make_optimizer()), loss=task.LOS
               **cfg.compile_kwargs())
 clock = Clock()
 callbacks = [clock] + ([cfg.guard()] if guarded else [])
-model.fit(x, y, batch_size=task.BATCH_SIZE, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+model.fit(x, y, batch_size=task.BATCH_SIZE, epochs=epochs, shuffle=False, verbose=0,
+          callbacks=callbacks)
 print(json.dumps({"mean_step_s": statistics.fmean(clock.times), "steps": len(clock.times)}))
 """
 

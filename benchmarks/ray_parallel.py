@@ -44,7 +44,9 @@ def overheads_and_interference(task: str, steps: int) -> dict:
     from tuner.execution.ray_pool import RayExecutor
     from tuner.trial_types import TrialSpec
 
-    spec = lambda n: TrialSpec(n, task, PrecisionConfig().to_dict(), steps, 5)  # noqa: E731
+    def spec(n: int) -> TrialSpec:
+        return TrialSpec(n, task, PrecisionConfig().to_dict(), steps, 5)
+
     started = time.perf_counter()
     executor = RayExecutor(workers=2)
     ray_start_s = time.perf_counter() - started

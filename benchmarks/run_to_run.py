@@ -160,7 +160,8 @@ def main() -> None:
             print(f"tune {index + 1}/{args.tunes}: {run['config']} {run['speedup']:.2f}x "
                   f"{run['interval']} (rounds alone {run['interval_this_run']}); "
                   f"A/B after it {run['ab']:.2f}x", flush=True)
-    session = {"task": task.name, "space": args.space, "cpu": machine_description(), "cpus": os.cpu_count(),
+    session = {"task": task.name, "space": args.space, "cpu": machine_description(),
+               "cpus": os.cpu_count(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M"),
                "source": f"benchmarks/run_to_run.py --tunes {args.tunes}, "
                          f"A/B of {args.ab_steps} steps after each tune",

@@ -7,10 +7,12 @@ two one after the other (``--pairs`` times, in turns, from a settled service); c
 directory for each, and stops it.
 
     python benchmarks/service_timing.py [TASK.py] [--trials 4] [--steps 20] [--pairs 2]
-    python benchmarks/service_timing.py --table    # the service page's table (docs/how-to/service.md), from the results
+    # the service page's table (docs/how-to/service.md), from the results:
+    python benchmarks/service_timing.py --table
 
-Results go to benchmarks/results/service_timing.json; the service page's table (docs/how-to/service.md) is ``--table``'s
-output (tests/judging/test_benchmark_results.py checks that they agree).
+Results go to benchmarks/results/service_timing.json; the service page's table
+(docs/how-to/service.md) is ``--table``'s output (tests/judging/test_benchmark_results.py checks
+that they agree).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def cli(*args: str, env: dict[str, str]) -> str:
 
 
 def table(results: dict) -> str:
-    """The service page's table (docs/how-to/service.md) of ``results`` (markdown): cold (``--warm-workers 0``: every job
-    starts its own TensorFlow workers) and warm (the service's pool lends them)."""
+    """The service page's table (docs/how-to/service.md) of ``results`` (markdown): cold
+    (``--warm-workers 0``: every job starts its own TensorFlow workers) and warm (the service's
+    pool lends them)."""
     cold, warm = results["cold"], results["warm"]
     machine = f"{results['cpus']} CPUs" + (f" ({results['cpu']})" if results.get("cpu") else "")
     lines = [f"| {results['task']} (`{results['flags']}`), {machine} | cold (s) "
@@ -252,7 +255,8 @@ def main() -> None:
     parser.add_argument("--trials", default="4")
     parser.add_argument("--steps", default="20")
     parser.add_argument("--table", action="store_true",
-                        help="print the service page's table (docs/how-to/service.md) from the results file and exit")
+                        help="print the service page's table (docs/how-to/service.md) from the "
+                             "results file and exit")
     parser.add_argument("--pairs", type=int, default=2,
                         help="how many times to compare two jobs together with one after the "
                              "other (in turns) [default: %(default)s]")

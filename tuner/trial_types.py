@@ -12,7 +12,8 @@ from typing import Any
 
 
 class TrialOutcome(str, enum.Enum):
-    """How a trial run ended, before any verdict (mapped to Optuna states in tuner.search.proposer)."""
+    """How a trial run ended, before any verdict (mapped to Optuna states in
+    tuner.search.proposer)."""
 
     COMPLETED = "completed"   # trained the whole budget (losses may still be non-finite)
     DIVERGED = "diverged"     # stopped early: loss became non-finite

@@ -227,7 +227,7 @@ except Exception as error:
 served = keras.models.load_model("model.keras", compile=False)
 found["served"] = [layer.dtype_policy.name for layer in served.layers]
 found["output"] = str(served.predict(np.zeros((2, 8), "float32"), verbose=0).dtype)
-import tuner.apply.loss_scaling  # noqa: F401
+import tuner.apply.loss_scaling  # noqa: F401 - registers the tuner's optimizers with Keras
 found["with_tuner"] = type(keras.models.load_model("model.keras").optimizer).__name__
 print("FOUND " + json.dumps(found))
 '''

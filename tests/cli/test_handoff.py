@@ -54,8 +54,8 @@ def _slow_job(service_dir):
     """A tuning job of slow steps, through the entrypoint: it runs until the entrypoint goes."""
     env = {**os.environ, "PRECISION_TUNER_SERVICE_DIR": str(service_dir)}
     return subprocess.Popen([sys.executable, "-m", "tuner.cli.handoff", "tune",
-                             str(ROOT / "tests" / "fixtures" / "tasks" / "slow_steps.py"), "--run-dir",
-                             str(service_dir / "run"), "--trials", "3"],
+                             str(ROOT / "tests" / "fixtures" / "tasks" / "slow_steps.py"),
+                             "--run-dir", str(service_dir / "run"), "--trials", "3"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

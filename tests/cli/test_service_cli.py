@@ -98,7 +98,8 @@ def test_the_entrypoint_copies_the_files_then_execs_tune_on_the_cluster():
     copy, tune = command.split(" && ", 1)[0], command.split(" && ")[-1]
     assert copy == "mkdir -p /srv/svc/jobs/j1/task"
     assert "cp 'my task.py' space.yaml /srv/svc/jobs/j1/task/" in command
-    assert tune.startswith("exec python -m tuner.cli.handoff tune '/srv/svc/jobs/j1/task/my task.py' "
+    assert tune.startswith("exec python -m tuner.cli.handoff tune "
+                           "'/srv/svc/jobs/j1/task/my task.py' "
                            "--trials 4 --space /srv/svc/jobs/j1/task/space.yaml ")
     assert "--run-dir /srv/svc/jobs/j1/run --ray-address auto --tracking-uri http://h:5000" \
         in tune

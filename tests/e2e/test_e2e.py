@@ -238,8 +238,8 @@ def test_exhaustive_runs_every_config_of_the_space_once(tmp_path):
                      "trials: 1\ntrial:\n  steps: 9\n  warmup_steps: 2\n")
     run_dir = tmp_path / "run"
     completed = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/fixtures/tasks/tiny_mlp.py"), "--space",
-         str(space), "--exhaustive", "--executor", "local", "--finalists", "1",
+        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/fixtures/tasks/tiny_mlp.py"),
+         "--space", str(space), "--exhaustive", "--executor", "local", "--finalists", "1",
          "--run-dir", str(run_dir), "--out",
          str(tmp_path / "best.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -281,8 +281,8 @@ def test_without_steps_the_baseline_sizes_every_trial(tmp_path):
 
     run_dir = tmp_path / "run"
     completed = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/fixtures/tasks/tiny_mlp.py"), "--space",
-         "quick", "--trials", "3", "--trial-seconds", "1.5", "--executor", "local",
+        [sys.executable, "-m", "tuner", "tune", str(ROOT / "tests/fixtures/tasks/tiny_mlp.py"),
+         "--space", "quick", "--trials", "3", "--trial-seconds", "1.5", "--executor", "local",
          "--run-dir", str(run_dir), "--out", str(tmp_path / "best.json")],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]

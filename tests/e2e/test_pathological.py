@@ -28,7 +28,8 @@ def tune(tmp_path, task, space_text):
 
 def test_overflow_task_rejects_float16_with_the_layer_and_keeps_a_bfloat16_config(tmp_path):
     trials, stdout = tune(tmp_path, "overflow", (
-        "policies: [float32, mixed_float16, mixed_bfloat16]\nloss_scale:\n  kinds: [none, dynamic]\n"
+        "policies: [float32, mixed_float16, mixed_bfloat16]\n"
+        "loss_scale:\n  kinds: [none, dynamic]\n"
         "float32:\n  auto_layers: 2\ntrials: 5\ntrial:\n  steps: 10\n  warmup_steps: 2\n"))
     assert "diagnostics: float32 placement candidates (riskiest first): hidden" in stdout
     float16 = [t for t in trials if t["config"]["policy"] == "mixed_float16"]

@@ -41,7 +41,7 @@ def _require_browser() -> tuple[str, str]:
     missing = [name for name, path in (("chromium", chromium), ("chromedriver", chromedriver))
                if path is None]
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 - only whether it is installed
     except ImportError:
         missing.append("selenium (pip install -e '.[dev]')")
     if missing:
@@ -210,8 +210,9 @@ def test_best_config_artifact_is_listed_and_opens(ui, browser):
     browser.get(links["best config and plots"])
     _wait_for_text(browser, ["best_precision.json", "summary.md", "plots"])
     _close_side_panel(browser)
-    entry = WebDriverWait(browser, PAGE_TIMEOUT_S).until(expected_conditions.element_to_be_clickable(
-        ("xpath", "//*[normalize-space(text())='best_precision.json']")))
+    entry = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        expected_conditions.element_to_be_clickable(
+            ("xpath", "//*[normalize-space(text())='best_precision.json']")))
     entry.click()
     _wait_for_text(browser, [f'"policy": "{best["policy"]}"', '"speedup_vs_float32"'])
     _screenshot(browser, "mlflow_best_config.png")

@@ -160,7 +160,8 @@ def test_a_private_attribute_the_project_does_not_define_is_keras_s():
     "def f(layer):\n    return layer._losses",
     "import keras\nclass L(keras.layers.Layer):\n    def f(self):\n        return self._losses",
     "def f(model):\n    return getattr(model, '_compile_loss', None)",
-    "import keras\nclass O(keras.optimizers.LossScaleOptimizer):\n    def _tf_apply(self, g):\n        pass",
+    "import keras\nclass O(keras.optimizers.LossScaleOptimizer):\n"
+    "    def _tf_apply(self, g):\n        pass",
     "import keras\nx = keras.layers.Dense(1)._tracker",
     "from keras import ops\nops._private_helper()",
     "import keras\nm = keras.src.models.Model",
@@ -170,11 +171,13 @@ def test_the_rule_catches(snippet):
 
 
 @pytest.mark.parametrize("snippet", [
-    "class A:\n    def __init__(self):\n        self._batch = None\n    def f(self):\n        return self._batch",
+    "class A:\n    def __init__(self):\n        self._batch = None\n"
+    "    def f(self):\n        return self._batch",
     "def f(placer):\n    return placer._active",
     "import keras\nkeras.layers.Dense(1).__class__",
     "import argparse\nargparse._HelpAction",
-    "class W:\n    def __init__(self):\n        self._losses = []\n    def f(self):\n        return self._losses",
+    "class W:\n    def __init__(self):\n        self._losses = []\n"
+    "    def f(self):\n        return self._losses",
 ])
 def test_the_rule_leaves_the_projects_own_private_names_alone(snippet):
     assert not seam_breaches(snippet), snippet

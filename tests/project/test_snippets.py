@@ -2,7 +2,8 @@
 written to a file in an empty directory and run by a fresh interpreter (``python snippet.py``),
 nothing shared between blocks. A block that is not meant to run says so in the comment before
 it, and an excerpt is checked line by line against the file it comes from (the markers:
-tests/support/snippets.py). Blocks with the same text on several pages run once, named by all of them.
+tests/support/snippets.py). Blocks with the same text on several pages run once, named by all of
+them.
 """
 
 from __future__ import annotations

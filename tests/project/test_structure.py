@@ -12,11 +12,14 @@
 - No module over 300 lines and no function over 60 without a reason at the module's top
   (a line of its docstring containing "Past 300 lines" or "Past 60 lines").
 - Every subpackage says what it owns, and no two modules share a file name.
+- Every ``noqa`` and ``type: ignore`` in the code, the tests, the benchmarks and the examples
+  names its codes and says why.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -296,3 +299,65 @@ def test_the_400_line_limit_holds_for_a_module_with_a_reason(monkeypatch, tmp_pa
     monkeypatch.setattr(here, "PACKAGE", tmp_path / "tuner")
     with pytest.raises(AssertionError, match="over the 400-line limit"):
         test_modules_and_functions_stay_small_or_say_why()
+
+
+# -- every suppression says why -----------------------------------------------------------------
+# Every line that silences ruff or mypy, wherever it stands (a comment, or a script a test holds
+# in a string), names what it silences and says why, in the form each tool still reads:
+# ruff's ``# noqa: BLE001 - why`` and mypy's ``# type: ignore[attr-defined]  # why`` (mypy
+# takes nothing after the codes but another comment: a dash and a reason there is an invalid
+# ignore to it, reported as an error).
+SUPPRESSING = ("tuner", "tests", "benchmarks", "examples")
+_NOQA = re.compile(r"#\s*noqa\b(?P<codes>:\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)?(?P<rest>.*)")
+_IGNORE = re.compile(r"#\s*type:\s*ignore\b(?P<codes>\[[a-z-]+(?:\s*,\s*[a-z-]+)*\])?"
+                     r"(?P<rest>.*)")
+_REASON = {_NOQA: re.compile(r"\s+-\s+\S"), _IGNORE: re.compile(r"\s+#\s*\S")}
+# The markers in pieces, so that the rule, which reads this file's lines too, sees them only in
+# the examples and the message it is handed.
+NOQA, IGNORE = "# no" "qa", "# type: ig" "nore"
+
+
+def unexplained_suppressions(text: str) -> list[int]:
+    """The numbers of the lines of ``text`` whose ``noqa`` or ``type: ignore`` names no code
+    or gives no reason after its codes."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for pattern, reason in _REASON.items():
+            match = pattern.search(line)
+            if match and not (match["codes"] and reason.match(match["rest"])):
+                found.append(number)
+    return found
+
+
+def test_every_noqa_and_type_ignore_says_why():
+    root = PACKAGE.parent
+    wrong = [f"{path.relative_to(root)}:{number}: {path.read_text().splitlines()[number - 1]}"
+             for folder in SUPPRESSING for path in sorted((root / folder).rglob("*.py"))
+             for number in unexplained_suppressions(path.read_text())]
+    assert not wrong, ("a suppression without its code(s) or its reason; write "
+                       f"`{NOQA}: CODE - why` or `{IGNORE}[code]  # why`:\n" + "\n".join(wrong))
+
+
+@pytest.mark.parametrize("line", [
+    f"import os  {NOQA}",
+    f"import os  {NOQA}: F401",
+    f"except Exception:  {NOQA}: BLE001 -",
+    f"except Exception:  {NOQA}: BLE001 E501",
+    f"x = y  {IGNORE}",
+    f"x = y  {IGNORE}[assignment]",
+    f"x = y  {IGNORE}[assignment] - what mypy refuses",
+    f"x = y  {IGNORE}  # why, but no code",
+])
+def test_the_suppression_rule_catches(line):
+    assert unexplained_suppressions(f"import sys\n{line}\n") == [2], line
+
+
+@pytest.mark.parametrize("line", [
+    f"import os  {NOQA}: F401 - re-exported",
+    f"import os  {NOQA}: E402, F401 - after the path is set",
+    f"x = y  {IGNORE}[assignment]  # Keras sets it at build",
+    f"x = y  {IGNORE}[attr-defined, assignment]  # why",
+    "# the noqa rule and type: ignore comments, in prose",
+])
+def test_the_suppression_rule_takes_a_reason(line):
+    assert not unexplained_suppressions(line), line

@@ -1,8 +1,8 @@
 """The diagnostics a person reads before the first trial (``console_lines``: one line per layer,
 its worst finding and how many more, the features zero to float32 too left out) and the ones the
 records keep (``conclusions``/``markdown``: every finding), on the real diagnostics of
-tests/fixtures/tasks/raw_residual.py (issue 62: a residual regressor on raw readings of about 1000, two
-inputs of about 1e-21)."""
+tests/fixtures/tasks/raw_residual.py (issue 62: a residual regressor on raw readings of about 1000,
+two inputs of about 1e-21)."""
 
 import copy
 import json

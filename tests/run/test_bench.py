@@ -79,8 +79,8 @@ def test_a_model_that_fails_under_the_config_gets_the_trials_reading(bf16):
     """The Keras guide's add_loss layer under mixed_bfloat16 fails as under ``model.fit``: the
     line names the layer whose 16-bit loss term is at fault and the fix, as a trial's does (a
     last line of stderr would be the middle of Keras's message)."""
-    done = cli(str(ROOT / "tests" / "suites" / "zoo" / "add_loss.py"), "--config", bf16, "--rounds", "2",
-               "--steps", "4")
+    done = cli(str(ROOT / "tests" / "suites" / "zoo" / "add_loss.py"), "--config", bf16,
+               "--rounds", "2", "--steps", "4")
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("precision-tuner")]
     assert len(lines) == 1, done.stderr

@@ -41,8 +41,8 @@ def main(host: str, folder: str) -> None:
         except urllib.error.HTTPError as exc:
             seen["mlflow_without_token"] = exc.code
         env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
-        submitted = cli("submit", str(ROOT / "tests" / "fixtures" / "tasks" / "tiny_mlp.py"), "--trials",
-                        "3", "--steps", "10", env=env)
+        submitted = cli("submit", str(ROOT / "tests" / "fixtures" / "tasks" / "tiny_mlp.py"),
+                        "--trials", "3", "--steps", "10", env=env)
         seen["submit"] = [submitted.returncode, submitted.stderr[-2000:]]
         job = submitted.stdout.strip().splitlines()[-1] if submitted.returncode == 0 else None
         deadline = time.monotonic() + 400

@@ -28,11 +28,11 @@ pytestmark = pytest.mark.system
 # each: over 8 s in all), so the stop lands in the search however fast the rest of the job has
 # become. With the default space this task has two configs, and the job could end between a
 # trial and the stop.
-STOPPABLE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"), "--trials", "6",
-             "--steps", "20", "--finalists", "1")
+STOPPABLE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"),
+             "--trials", "6", "--steps", "20", "--finalists", "1")
 # The side-by-side jobs: four trials of six configs that cost what float32 costs.
-SIDE_BY_SIDE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"), "--trials", "4",
-                "--steps", "10")
+SIDE_BY_SIDE = ("--space", str(ROOT / "tests" / "fixtures" / "spaces" / "six_alike.yaml"),
+                "--trials", "4", "--steps", "10")
 
 
 def _free_port() -> int:
@@ -331,7 +331,8 @@ def test_a_warm_worker_that_crashed_is_replaced(service, side_by_side, tmp_path)
     task = tmp_path / "crash_bf16.py"
     task.write_text(CRASH_UNDER_BF16)
     done = service.run("submit", str(task), "--space",
-                       str(ROOT / "tests" / "suites" / "faults" / "space.yaml"), "--keep-slow-policies")
+                       str(ROOT / "tests" / "suites" / "faults" / "space.yaml"),
+                       "--keep-slow-policies")
     assert done.returncode == 0, done.stderr
     job = done.stdout.strip().splitlines()[-1]
     assert service.wait(job) == "SUCCEEDED", service.client().get_job_logs(job)[-3000:]

@@ -1,5 +1,6 @@
 """The Python blocks of the user pages (README.md and docs/, contributor pages aside), as a
-reader sees them, for tests/project/test_snippets.py (which runs them) and tests/project/test_docs.py.
+reader sees them, for tests/project/test_snippets.py (which runs them) and
+tests/project/test_docs.py.
 
 Every ```python block is run as it stands, in a fresh process, in an empty directory, unless
 the HTML comment on the line before it says otherwise (invisible on GitHub and on the site):

@@ -17,7 +17,8 @@ RESIDUAL = ROOT / "tests" / "fixtures" / "tasks" / "raw_residual.py"
 # Every task file among the examples and the zoo (the scripts among the examples, which call
 # tuner.tune or apply a config, define no train_data()).
 TASKS = sorted(str(path.relative_to(ROOT)) for path in
-               [*(ROOT / "examples").glob("*.py"), *(ROOT / "tests" / "suites" / "zoo").glob("*.py")]
+               [*(ROOT / "examples").glob("*.py"),
+                *(ROOT / "tests" / "suites" / "zoo").glob("*.py")]
                if not path.name.startswith(("test_", "__"))
                and "\ndef train_data(" in path.read_text())
 
@@ -78,8 +79,8 @@ def test_a_feature_float16_zeroes_is_negligible_only_where_float32_drops_it_too(
 
 def test_the_residual_regressors_dead_sensor_is_recorded_apart():
     """tests/fixtures/tasks/raw_residual.py: its two inputs of 1e-21 go to ``negligible_inputs`` (no
-    candidate, no trial check); tests/records/test_diagnostics_report.py reads the saved diagnostics,
-    which this keeps true to what the worker measures."""
+    candidate, no trial check); tests/records/test_diagnostics_report.py reads the saved
+    diagnostics, which this keeps true to what the worker measures."""
     import json
 
     from tuner.worker.diagnostics.diagnose import diagnose_task

@@ -83,12 +83,14 @@ def test_dtype_mismatch_names_the_layer_and_the_fix(task_path):
     assert result.failure_layer == "bias_shift"
     assert "keep bias_shift in float32" in result.failure_message
     fixed = trial(task_path("dtype_clash"),
-                  PrecisionConfig("mixed_float16", float32=Float32Placement(layers=("bias_shift",))))
+                  PrecisionConfig("mixed_float16",
+                                  float32=Float32Placement(layers=("bias_shift",))))
     assert fixed.outcome is TrialOutcome.COMPLETED
 
 
 def test_subclassed_model_with_own_train_step_and_dataset(task_path):
-    cfg = PrecisionConfig("mixed_float16", LossScale("dynamic"), float32=Float32Placement(("softmax",)))
+    cfg = PrecisionConfig("mixed_float16", LossScale("dynamic"),
+                          float32=Float32Placement(("softmax",)))
     result = trial(task_path("subclassed"), cfg)
     assert result.outcome is TrialOutcome.COMPLETED, result.failure_message
     assert result.loss_scales[-1] == 2.0**15

@@ -24,6 +24,7 @@ from tuner.api.progress import live_progress
 from tuner.api.result import TuneResult
 from tuner.dependency_versions import refuse_if_unsupported
 from tuner.errors import UsageError
+from tuner.execution.base import Executor
 from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.ray_pool import RayExecutor
@@ -263,14 +264,14 @@ def _redact(uri: str) -> str:
     return redact_uri(uri)
 
 
-def _executor(choice: ExecutorChoice, ray_address: str | None, console):
+def _executor(choice: ExecutorChoice, ray_address: str | None, console) -> Executor:
     """The executor ``choice`` names (tuner.execution.choice), said in one line; what it was
     and why goes into run.json and MLflow with it."""
     console.print(f"trials: {choice.line()}", markup=False)
     if choice.kind == "local":
-        executor = LocalProcessExecutor()
-        executor.chosen = choice.to_dict()
-        return executor
+        local = LocalProcessExecutor()
+        local.chosen = choice.to_dict()
+        return local
     where = f"Ray cluster at {_redact(ray_address)}" if ray_address else "a local Ray instance"
     console.print(f"starting Ray workers on {where}...")
     if job_context.job_id() is not None and ray_address:

@@ -9,6 +9,7 @@ Either a task file, as the CLI takes it, or the task's objects themselves (``bui
 (``UsageError``, ``TaskError``, ...). Past 60 lines: the signature lists every option.
 """
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -68,9 +69,12 @@ def tune(
     if out is None:  # the run directory's own copy; always rewritten
         out, force = run_dir / BEST_FILE, True
     return _run(TuneOptions(
-        task=task if task is not None else run_dir.parent / f"{run_dir.name}.task" / f"{name}.py",
-        space=space, trials=trials, exhaustive=exhaustive, steps=steps,
-        trial_seconds=trial_seconds, seed=seed, tolerance=tolerance,
+        task=(Path(task) if task is not None
+              else run_dir.parent / f"{run_dir.name}.task" / f"{name}.py"),
+        # A path given as a Path is the option's text (its check refuses what is neither).
+        space=os.fspath(space) if isinstance(space, os.PathLike) else space, trials=trials,
+        exhaustive=exhaustive, steps=steps, trial_seconds=trial_seconds, seed=seed,
+        tolerance=tolerance,
         keep_slow_policies=keep_slow_policies, finalists=finalists, min_gain=min_gain,
         run_drift=run_drift, objective=objective, memory_slack=memory_slack,
         confirm_steps=confirm_steps, confirm_seconds=confirm_seconds, no_confirm=no_confirm,
@@ -106,4 +110,5 @@ def _options_help() -> str:
     return "\n".join(lines)
 
 
-tune.__doc__ += "\n" + _options_help() + "\n"
+if tune.__doc__ is not None:   # None under ``python -OO``, which drops docstrings
+    tune.__doc__ += "\n" + _options_help() + "\n"

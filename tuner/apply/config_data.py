@@ -73,7 +73,8 @@ def _positive_number(source: str, key: str, value: object, *, allow_none: bool) 
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value <= 0:
-        raise _fail(source, key, value, "a positive finite number" + (" or null" if allow_none else ""))
+        expected = "a positive finite number" + (" or null" if allow_none else "")
+        raise _fail(source, key, value, expected)
     return float(value)
 
 
@@ -98,7 +99,8 @@ class LossScale:
 
     def validate(self, source: str = "config") -> None:
         if self.kind not in LOSS_SCALE_KINDS:
-            raise _fail(source, "loss_scale.kind", self.kind, f"one of {', '.join(LOSS_SCALE_KINDS)}")
+            raise _fail(source, "loss_scale.kind", self.kind,
+                        f"one of {', '.join(LOSS_SCALE_KINDS)}")
         _positive_number(source, "loss_scale.initial_scale", self.initial_scale, allow_none=False)
         _positive_number(source, "loss_scale.floor", self.floor, allow_none=False)
         if isinstance(self.growth_steps, bool) or not isinstance(self.growth_steps, int) \

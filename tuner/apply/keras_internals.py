@@ -118,8 +118,9 @@ def compiled_loss_tracker(model: keras.Model) -> Any | None:
 # --- Optimizers -------------------------------------------------------------------------------
 
 def optimizer_trainable_variables(optimizer: Any) -> list:
-    """The variables ``optimizer`` was built for, in its order (``BaseOptimizer._trainable_variables``,
-    since 3.0; checked 3.5): ``apply(grads)`` without variables pairs the gradients with these."""
+    """The variables ``optimizer`` was built for, in its order
+    (``BaseOptimizer._trainable_variables``, since 3.0; checked 3.5): ``apply(grads)`` without
+    variables pairs the gradients with these."""
     return list(optimizer._trainable_variables)
 
 
@@ -134,9 +135,9 @@ def applied_updates(optimizer: Any) -> int:
     return int(keras.ops.convert_to_numpy(counter))
 
 
-# The optimizer method that maps a variable to its slot index (``BaseOptimizer._get_variable_index``,
-# since 3.0; checked 3.5): tuner.apply.weight_update wraps it to let a float32 view of a 16-bit
-# weight find the weight's slots.
+# The optimizer method that maps a variable to its slot index
+# (``BaseOptimizer._get_variable_index``, since 3.0; checked 3.5): tuner.apply.weight_update wraps
+# it to let a float32 view of a 16-bit weight find the weight's slots.
 VARIABLE_INDEX_METHOD = "_get_variable_index"
 
 

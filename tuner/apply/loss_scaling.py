@@ -105,8 +105,10 @@ def is_wrapped(optimizer) -> bool:
 
 # The one statement of which optimizer class applies each scaling kind; loss_scale_kind reads
 # it back.
-OPTIMIZER_CLASSES = {LossScaleKind.DYNAMIC: FlooredLossScaleOptimizer,
-                     LossScaleKind.FIXED: FixedLossScaleOptimizer}
+OPTIMIZER_CLASSES: dict[LossScaleKind,
+                        type[FlooredLossScaleOptimizer] | type[FixedLossScaleOptimizer]] = {
+    LossScaleKind.DYNAMIC: FlooredLossScaleOptimizer,
+    LossScaleKind.FIXED: FixedLossScaleOptimizer}
 
 
 def loss_scale_kind(optimizer) -> LossScaleKind:

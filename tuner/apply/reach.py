@@ -135,7 +135,7 @@ def unreached_line(reach: dict[str, Any], policy: str) -> str:
     by_origin: dict[str, int] = {}
     for entry in elsewhere:
         by_origin[entry["origin"]] = by_origin.get(entry["origin"], 0) + entry["parameters"]
-    origin = max(by_origin, key=by_origin.get) if by_origin else DtypeOrigin.OUTSIDE.value
+    origin = max(by_origin, key=by_origin.__getitem__) if by_origin else DtypeOrigin.OUTSIDE.value
     dtype = elsewhere[0]["dtype"] if elsewhere else "float32"
     why = DtypeOrigin(origin).describe(dtype)
     computation, counted = computation_share(reach)

@@ -48,11 +48,11 @@ wrapper runs its inner layer's ``call`` directly, under its own autocast scope, 
 the inner layer's float32 weights as 16-bit and skip the cast of its inputs. A layer given an
 explicit dtype other than the config's policy keeps what the user (or a parent layer) chose.
 
-``float32.outputs`` (tuner.apply.float32_outputs) wraps each model's ``call`` as it is constructed and casts its float outputs
-to float32 only where it is the outermost layer of the call, which Keras's own call context
-(its private ``current_call_ctx`` global, the ``entry_layer`` that ``Layer.__call__`` records)
-tells: nothing else separates the model ``build_model()`` returns from the models inside it
-before it is returned (the tuner's worker trains inside the scope).
+``float32.outputs`` (tuner.apply.float32_outputs) wraps each model's ``call`` as it is constructed
+and casts its float outputs to float32 only where it is the outermost layer of the call, which
+Keras's own call context (its private ``current_call_ctx`` global, the ``entry_layer`` that
+``Layer.__call__`` records) tells: nothing else separates the model ``build_model()`` returns from
+the models inside it before it is returned (the tuner's worker trains inside the scope).
 
 Past 300 lines: the placement is one mechanism (the two patches, the island, the groups'
 selection, the report); its parts only make sense together.

@@ -147,7 +147,7 @@ def failure_reason(service: Service, info) -> str | None:
     """Why a job failed, in one line: tune's own error line from the job's log, else Ray's."""
     try:
         logs = service.jobs.get_job_logs(info.submission_id)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no log to read (a job gone): Ray's own message says why
         logs = ""
     for line in reversed(logs.splitlines()):
         if line.startswith(("precision-tuner: error:", "precision-tuner: failed:")):

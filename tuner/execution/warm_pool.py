@@ -127,7 +127,7 @@ class Lender:
 
         try:
             ray.get(self.keeper.unlock.remote(self.holder), timeout=30)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a keeper that is gone holds no lock for anyone
             pass
 
     def replace(self, name: str) -> None:
@@ -135,7 +135,7 @@ class Lender:
 
         try:
             ray.get(self.keeper.replace.remote(name), timeout=60)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a keeper that is gone lends the worker to no one
             pass
 
 

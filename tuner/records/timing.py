@@ -4,12 +4,12 @@ A job's wall time is split into phases timed on the driver's clock: start-up (th
 the worker process and its TensorFlow import), the task check, the ceiling probe, the
 diagnostics, opening the records (the run directory, the MLflow store and parent run, the
 Optuna study), the search trials, the re-measurement, the workers' shutdown (Ray's, where it
-runs), and the records and plots at the end;
-whatever no phase covers is "other". Inside the two phases that run trials, the workers' own
-clocks say how the trials spent it: building the model (task, data, build, compile), tracing the training step (its first
-call), the training steps, and the rest of the worker's time; the driver adds the time it spent
-recording each trial (MLflow, trials.jsonl). With parallel workers those parts are summed over
-trials, so they can exceed their phase's wall time.
+runs), and the records and plots at the end; whatever no phase covers is "other". Inside the two
+phases that run trials, the workers' own clocks say how the trials spent it: building the model
+(task, data, build, compile), tracing the training step (its first call), the training steps, and
+the rest of the worker's time; the driver adds the time it spent recording each trial (MLflow,
+trials.jsonl). With parallel workers those parts are summed over trials, so they can exceed their
+phase's wall time.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class WorkerTime:
 
     def describe(self) -> str:
         parts = [("build", self.build_s), ("trace", self.trace_s), ("train", self.train_s),
-                 ("validate", self.validate_s), ("worker other", self.other_s), ("records", self.record_s)]
+                 ("validate", self.validate_s), ("worker other", self.other_s),
+                 ("records", self.record_s)]
         return ", ".join(f"{name} {seconds:.1f}" for name, seconds in parts if seconds >= 0.05)
 
 

@@ -202,6 +202,6 @@ def make_plots(summary: TuneSummary, diagnostics: dict[str, Any] | None,
 
     try:
         return make_all(summary, diagnostics, folder)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - plots are a courtesy: a warning, never the end
         warnings.warn(f"could not draw the plots: {type(exc).__name__}: {exc}", stacklevel=2)
         return []

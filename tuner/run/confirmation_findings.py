@@ -75,7 +75,8 @@ class Confirmation:
         metric = bool(self.checkpoints) and "loss" not in self.checkpoints[-1].float32 and \
             "val_metric" in self.checkpoints[-1].float32
         what = "val_metric" if metric else "train loss" if self.fallback else "val loss"
-        lines = [f"  {'step':>6}  {'float32 ' + what:>18}  {'#' + str(self.trial) + ' ' + what:>16}"]
+        pick_heading = f"#{self.trial} {what}"
+        lines = [f"  {'step':>6}  {'float32 ' + what:>18}  {pick_heading:>16}"]
         for point in self.checkpoints:
             base, mine = \
                 (_figure(point.float32.get("val_metric")), _figure(point.pick.get("val_metric"))) \

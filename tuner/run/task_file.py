@@ -76,7 +76,8 @@ def require_tensorflow() -> None:
         python = sys.executable if " " not in sys.executable else f'"{sys.executable}"'
         raise UsageError(f"TensorFlow is not installed in this environment. Install it: "
                          f"{python} -m pip install \"{tensorflow_requirement()}\" (an NVIDIA "
-                         f"GPU on Linux: \"tensorflow[and-cuda]{_tensorflow_range('tensorflow')}\"; "
+                         "GPU on Linux: "
+                         f"\"tensorflow[and-cuda]{_tensorflow_range('tensorflow')}\"; "
                          "docs/install.md)")
 
 

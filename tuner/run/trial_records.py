@@ -159,5 +159,5 @@ def flush_quietly(records: TrialRecorder) -> None:
     to report."""
     try:
         records.flush()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the job's own error is the one to report
         pass

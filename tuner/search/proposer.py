@@ -56,7 +56,8 @@ class Proposal:
 class Proposer:
     def __init__(self, space: SearchSpace, study, *, enumerate_space: bool,
                  requeued: Iterable[dict[str, Any]] = (),
-                 matches: dict[str, Any] | None = None, objective: Objective = Objective.SPEED) -> None:
+                 matches: dict[str, Any] | None = None,
+                 objective: Objective = Objective.SPEED) -> None:
         self.space = space
         self.objective = objective
         self.matches = matches

@@ -1,6 +1,6 @@
 """What the service's server and its clients share: the names in Ray's job store and the
-environment, and the connection to Ray's job server (``client_for``; tuner.service.job_server on the submit path). Both sides import this;
-neither imports the other."""
+environment, and the connection to Ray's job server (``client_for``; tuner.service.job_server on the
+submit path). Both sides import this; neither imports the other."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def client_for(address: str, token: str | None):
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk",
+                 "ray._private.runtime_env.packaging"):
         logging.getLogger(name).setLevel(logging.WARNING)
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:

@@ -5,8 +5,8 @@ unguarded (the failure must show there) and in float32, asserting the outcome: w
 float32's validation loss, the layers at fault named in one event, the policy still mixed (not
 the last resort).
 
-- a head far from zero (tests/fixtures/tasks/kelvin_head.py: ~290 K, bfloat16's step 2) and two at once
-  in dict outputs with Keras's automatic names elsewhere (station_heads.py: hPa and K);
+- a head far from zero (tests/fixtures/tasks/kelvin_head.py: ~290 K, bfloat16's step 2) and two
+  at once in dict outputs with Keras's automatic names elsewhere (station_heads.py: hPa and K);
 - a residual stream carrying an offset (offset_stream.py: the stem and the ``Add`` layers round
   the corrections away, the norms and head show it) and the same written as a subclassed model
   whose blocks add with a raw ``h + z`` (offset_blocks.py: the blocks themselves and the

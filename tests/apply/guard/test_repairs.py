@@ -4,9 +4,9 @@ outcome (the loss reached, the layers named, the config kept 16-bit), not only a
 
 - XLA (``jit_compile=True``, what every GPU gets by default): the overflowing head is named on
   the batch the guard kept outside the compiled step, and the config keeps mixed_float16;
-- a silent failure (tests/fixtures/tasks/silent_norm.py: hand-written RMS norms that output exact zeros
-  in float16, loss finite, nothing skipped) is found by the per-layer float32 comparison; the
-  float32 check's figure is judged, not only logged;
+- a silent failure (tests/fixtures/tasks/silent_norm.py: hand-written RMS norms that output exact
+  zeros in float16, loss finite, nothing skipped) is found by the per-layer float32 comparison;
+  the float32 check's figure is judged, not only logged;
 - several layers at once under the tuner's floor (1): one trip moves the four norms and the
   layers whose backward pass overflows there; where that would take most of the model, the
   floor is lowered instead;

@@ -1,10 +1,9 @@
-"""Keras's own ``UnitNormalization`` zeroed by float16 (tests/fixtures/tasks/unit_norm.py: raw readings
-around 400 into a stem, the norms' sum of squares past 65504, Keras's automatic layer names):
-the same kind as the hand-written RMS norm of test_repairs.py, another layer and model.
-Unguarded it trains to over 1.5x float32's validation loss with nothing ever non-finite;
-guarded, the three norms are moved in one event early in training (before their blocks add
-anything, so the model's output does not show them yet) and it ends within 1.5x, still under
-mixed_float16.
+"""Keras's own ``UnitNormalization`` zeroed by float16 (tests/fixtures/tasks/unit_norm.py: raw
+readings around 400 into a stem, the norms' sum of squares past 65504, Keras's automatic layer
+names): the same kind as the hand-written RMS norm of test_repairs.py, another layer and model.
+Unguarded it trains to over 1.5x float32's validation loss with nothing ever non-finite; guarded,
+the three norms are moved in one event early in training (before their blocks add anything, so the
+model's output does not show them yet) and it ends within 1.5x, still under mixed_float16.
 """
 
 from __future__ import annotations

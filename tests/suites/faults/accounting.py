@@ -14,8 +14,9 @@ A trial that started and did not finish (the driver was killed, and the resume r
 must be closed in the records as such: its MLflow run ended KILLED and its Optuna trial
 failed; a float32 baseline that ended the job has its verdict in MLflow and fails in Optuna.
 A trial the run itself states MLflow misses (run.json's ``mlflow_missing``, after MLflow
-failed mid-run) is checked against the other records only, and counted as stated. A trial is **lost** when it started and is in none of the records, or
-its records disagree; each loss comes with the reason.
+failed mid-run) is checked against the other records only, and counted as stated. A trial is
+**lost** when it started and is in none of the records, or its records disagree; each loss comes
+with the reason.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ too large for memory), segv (a hard crash of the worker process), hang (never re
 
 remeasure_segv and remeasure_hang strike once a mixed_bfloat16 model has trained more steps
 than the search's trial (``STRIKE_AFTER``): the re-measurement trains the finalist's live model
-on from there. The strike leaves a file ``struck`` in FAULT_DIR, and
-builds are counted there too (``builds-<policy>``), since the worker that counts may be
-replaced. oom_kill allocates memory until the kernel's OOM killer ends the worker (run
-it in a memory-limited cgroup only). baseline_nan makes the float32 baseline itself diverge: its loss turns NaN
-after 8 training steps (the task check's 3 diagnostic steps pass).
+on from there. The strike leaves a file ``struck`` in FAULT_DIR, and builds are counted there too
+(``builds-<policy>``), since the worker that counts may be replaced. oom_kill allocates memory until
+the kernel's OOM killer ends the worker (run it in a memory-limited cgroup only). baseline_nan makes
+the float32 baseline itself diverge: its loss turns NaN after 8 training steps (the task check's 3
+diagnostic steps pass).
 """
 
 import os

@@ -4,9 +4,10 @@ and repairs it when 16-bit training fails.
 One shape: detectors (``detectors``: each answers "did this step or epoch fail, and what did
 it see?") give a typed failure (``failures``), which one repair ladder answers, its rungs
 tried in order (``ladder``) on one ``Trip`` each (``trip``), and each trip is a typed event
-(``events``) in ``guard.events``, MLflow and the lines of ``precision-tuner train``. ``callback`` (``PrecisionGuard``) holds
-them together on Keras's hooks; ``training`` is what both sides share of the watched
-training (the model, the config as repaired, the snapshots, the kept batch, the loss scales).
+(``events``) in ``guard.events``, MLflow and the lines of ``precision-tuner train``. ``callback``
+(``PrecisionGuard``) holds them together on Keras's hooks; ``training`` is what both sides share of
+the watched training (the model, the config as repaired, the snapshots, the kept batch, the loss
+scales).
 
 Beneath them: the per-step loss and its noise (``watch``), the host-memory snapshot of weights
 and optimizer state and the last training batch kept for diagnosis (``state``), the cause of a

@@ -23,12 +23,12 @@ layers whose float32 does (``float32_set``); lower each failing optimizer's floo
 scale, or reset a collapsed one. A precision failure in the training's first ``EARLY`` share
 restarts it from its start. After a repair the repaired run is held against the run it
 replaced (``checks.RepairHarm``): one that does worse is taken back, and that failure gets
-what was not tried, or is left as it is. The last resort (mixed policies: every layer in float32) ends the watch;
-under pure 16-bit policies, where layers cannot move mid-training (the guard records them in
-``guard.config`` for next time), running out of repairs raises ``GuardError``. A config whose
-dtype reaches (almost) no layer is an event at the start; a model whose optimizer is not
-compiled as the config was tuned (Keras's own loss scale over a config tuned without one, no
-loss scale where one was tuned: tuner.apply.compiling) is refused before its first step.
+what was not tried, or is left as it is. The last resort (mixed policies: every layer in float32)
+ends the watch; under pure 16-bit policies, where layers cannot move mid-training (the guard records
+them in ``guard.config`` for next time), running out of repairs raises ``GuardError``. A config
+whose dtype reaches (almost) no layer is an event at the start; a model whose optimizer is not
+compiled as the config was tuned (Keras's own loss scale over a config tuned without one, no loss
+scale where one was tuned: tuner.apply.compiling) is refused before its first step.
 
 A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
 batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss

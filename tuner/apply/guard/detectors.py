@@ -138,7 +138,7 @@ class LossScales(Detector):
         if watch.scaled and not watch.dynamic and watch.skipped_run \
                 and watch.name not in self._probed and training.batch() is not None:
             self._probed.add(watch.name)
-            below = watch.scale() / 2.0**cause.FLOOR_HEADROOM
+            below = watch.known_scale() / 2.0**cause.FLOOR_HEADROOM
             if scales.overflows(training.model, training.batch(), watch, below):
                 return Finding(Failure.SKIPPED_UPDATES,
                                f"{watch.skipped_run} update(s) skipped at the fixed loss scale "

@@ -1,10 +1,10 @@
 """The cause of a precision loss (``precision_loss``): ``smallest_float32_set`` finds the
 smallest set of 16-bit layers whose float32 compute takes the model's output on the batch
-most of the way back to float32's, by halving and elimination over the model's innermost layers (weightless ones included: an ``Add``
-rounds a stream too; then the layers that hold others, whose own ``call`` may round, and the
-model's own input cast), as inference tools search for the layers to fall back to higher
-precision. Every candidate set is tried on the batch, eagerly, and undone; at most
-``MAX_TRIES`` forward passes.
+most of the way back to float32's, by halving and elimination over the model's innermost layers
+(weightless ones included: an ``Add`` rounds a stream too; then the layers that hold others, whose
+own ``call`` may round, and the model's own input cast), as inference tools search for the layers to
+fall back to higher precision. Every candidate set is tried on the batch, eagerly, and undone; at
+most ``MAX_TRIES`` forward passes.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def smallest_float32_set(model: keras.Model, config: ConfigData, batch: Any) -> 
         return None
     found = search.minimise(pool)
     with search.placed(found):
-        after = BatchLoss(BatchLosses(model, compiled=False)(batch), before.in_float32)
+        as_is = BatchLosses(model, compiled=False)(batch)
+    if as_is is None:   # the batch's loss, computed for ``before``, failed with the set placed
+        return None
+    after = BatchLoss(as_is, before.in_float32)
     return FoundSet(tuple(found), before, after, search.tries)
 
 

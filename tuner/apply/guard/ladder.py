@@ -145,7 +145,7 @@ class Diagnose:
         scale = watch.scale() if watch else None
         trip.found = cause.probe(training.model, trip.batch, scale)
         if trip.found.backward and not trip.found.failing_forward and watch is not None \
-                and watch.dynamic and scale > watch.floor:
+                and watch.dynamic and scale is not None and scale > watch.floor:
             # Above its floor a dynamic scale backs off by itself: only a backward pass that
             # overflows at the floor is a layer's fault.
             trip.found = cause.probe(training.model, trip.batch, watch.floor)
@@ -160,6 +160,7 @@ class RecordForNextTime:
         training = ladder.training
         if not _layers_repairable(training, trip) or not training.config.weights_16bit:
             return
+        assert trip.found is not None   # _layers_repairable checked it
         layers = [name for name in [trip.found.layer] if name] + [
             item.layer for item in fidelity.compare_layers(training.model, trip.x())
             if item.layer not in training.config.float32.layers]
@@ -185,6 +186,7 @@ class MoveFailingLayers:
         if not _moving(ladder, trip):
             return
         model, found, watch = training.model, trip.found, trip.watch
+        assert found is not None   # _moving checked it (_layers_repairable)
         scale = None if watch is None else watch.floor if watch.dynamic else watch.scale()
         while found.failing and found.layer and found.layer not in trip.moved:
             changed = cause.place_in_float32(model, training.config, found.layer)
@@ -293,7 +295,7 @@ class AdjustScale:
     def _rescale(training: Training, trip: Trip, watch: ScaleWatch) -> Callable[[], str] | None:
         fixed = not watch.dynamic
         if trip.batch is not None and trip.kind != Failure.SCALE_COLLAPSED:
-            ceiling = watch.scale() if fixed else watch.floor
+            ceiling = watch.known_scale() if fixed else watch.floor
             high = scales.exponent(ceiling) - 1
             if scales.overflows(training.model, trip.batch, watch, ceiling):
                 fitting = scales.largest_fitting(training.model, trip.batch, watch,

@@ -151,6 +151,7 @@ class LossGapWatch:
         apart = found is not None and found.apart > GAP
         if not self._running.seen(["model"] if apart else []):
             return None
+        assert found is not None   # seen() names the model only after a check beyond the gap
         return f"{found.describe()}, two checks running (allowed {GAP:g}x either way)"
 
 

@@ -37,7 +37,8 @@ class ScaleWatch:
                                    KERAS_FLOOR if self.scaled else config_floor))
         self.iterations = self.read_iterations()
         self.skipped_run = self.skipped_epoch = self.floor_steps = 0
-        self.fitted_at, self.fitted = -1, None   # the fitting scale found at a step
+        self.fitted_at = -1   # the step the fitting scale was found at
+        self.fitted: float | None = None
 
     @property
     def scaled(self) -> bool:
@@ -49,6 +50,12 @@ class ScaleWatch:
 
     def scale(self) -> float | None:
         return current_loss_scale(self.optimizer)
+
+    def known_scale(self) -> float:
+        """``scale()`` where the optimizer scales (``scaled``): then it always has one."""
+        scale = self.scale()
+        assert scale is not None, f"{self.name} applies no loss scale"
+        return scale
 
     def read_iterations(self) -> int:
         """Updates applied so far (a skipped step does not count)."""

@@ -28,6 +28,10 @@ from tuner.apply.instruments import HostCopy
 from tuner.apply.keras_internals import step_on_batches
 from tuner.apply.loss_scaling import held_optimizers
 
+# Marks the train function a guard wrapped, so that no guard wraps it twice and ``unwrap`` knows
+# it. An attribute of a plain function, which mypy does not type: set and read by name.
+_GUARDED = "_precision_guard"
+
 
 class Snapshot:
     """Host copies of every model and optimizer variable, taken at one step
@@ -91,7 +95,7 @@ class BatchKeeper:
         import tensorflow as tf
 
         keras_function = model.train_function
-        if keras_function is None or getattr(keras_function, "_precision_guard", False):
+        if keras_function is None or getattr(keras_function, _GUARDED, False):
             return False
         keeper = self
         # Keras's compiled step, called with a list of the batches taken here (its calling
@@ -114,7 +118,7 @@ class BatchKeeper:
             # its own share of the distributed element).
             return step(batches)
 
-        train_function._precision_guard = True
+        setattr(train_function, _GUARDED, True)
         model.train_function = train_function
         self._model, self._keras_function = model, keras_function
         return True
@@ -126,7 +130,7 @@ class BatchKeeper:
 
     def unwrap(self) -> None:
         model = self._model
-        if model is not None and getattr(model.train_function, "_precision_guard", False):
+        if model is not None and getattr(model.train_function, _GUARDED, False):
             model.train_function = self._keras_function
         self._model = self._keras_function = None
 

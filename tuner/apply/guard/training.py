@@ -19,6 +19,7 @@ from tuner.apply.guard import cause, readings, scales
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.layers import layer_paths
+from tuner.apply.vocabulary import WeightUpdate
 
 
 class Training:
@@ -145,7 +146,7 @@ class Training:
         self.settled = True   # float32 from here: nothing of 16 bits is left to watch
         self.config = dataclasses.replace(self.config, policy="float32",
                                           loss_scale=type(self.config.loss_scale)(),
-                                          weight_update="nearest")
+                                          weight_update=WeightUpdate.NEAREST)
         return f"every layer to float32 (last resort: {why})"
 
 
@@ -157,6 +158,7 @@ class Replaced:
 
     def __init__(self, training: Training) -> None:
         model = training.model
+        assert model is not None   # a repair happens in a training the guard began watching
         self.position = training.position
         self.state = Snapshot(model, training.step)
         self.config = training.config

@@ -77,9 +77,10 @@ class Spacing:
     """When a check on the kept batch is due: every ``every`` steps and at each epoch's end,
     and never sooner than its last cost allows (it takes at most ``budget`` of the time between
     two checks: a tiny model's epochs last less than a check). The first check's cost does not
-    count: it pays for Keras's eager call paths once. ``every=None``: never."""
+    count: it pays for Keras's eager call paths once. ``every=None``: never; ``budget=None``:
+    by steps alone."""
 
-    def __init__(self, every: int | None, budget: float) -> None:
+    def __init__(self, every: int | None, budget: float | None) -> None:
         self.every, self.budget = every, budget
         self._runs = 0
         self._step = 0

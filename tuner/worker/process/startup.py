@@ -35,7 +35,7 @@ def import_frameworks() -> None:
     """Import TensorFlow and Keras once, and keep the collector off what they left alive."""
     hidden = [name for name in _NOT_FOR_TRIALS if name not in sys.modules]
     for name in hidden:
-        sys.modules[name] = None  # type: ignore[assignment] - `import name` raises ImportError
+        sys.modules[name] = None  # type: ignore[assignment]  # `import name` raises ImportError
     try:
         importlib.import_module("tensorflow")  # which imports Keras
         importlib.import_module("keras")

@@ -130,7 +130,7 @@ def _training_memory(model, optimizers, first_batch,
     try:
         with config.scope():
             return training_memory(model, [o for _, o in optimizers], first_batch), ""
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a failed count fails no trial; it says why
         return None, f"{type(exc).__name__}: {first_line(exc, 200)}"
 
 
