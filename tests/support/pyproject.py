@@ -4,6 +4,6 @@ its backport ``tomli`` on 3.10 (the lowest Python the project admits; a dev depe
 try:
     import tomllib
 except ModuleNotFoundError:
-    import tomli as tomllib  # type: ignore[no-redef] - the same module, before Python 3.11
+    import tomli as tomllib  # type: ignore[no-redef]  # the same module, before 3.11
 
 __all__ = ["tomllib"]
