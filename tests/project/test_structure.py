@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.fresh_imports import loaded_after
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS = ["core", "apply", "judging", "search", "records", "worker", "execution", "run",
@@ -251,23 +252,13 @@ def test_the_driver_imports_no_tensorflow_or_keras():
     """Importing every module outside apply/ and worker/ (the driver's whole code) leaves
     TensorFlow and Keras unloaded."""
     driver = [m for m in MODULES if _layer(m) not in ("apply", "worker") and m != "tuner.__main__"]
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in sorted(driver))
-            + "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                               timeout=120)
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.strip() == "[]"
+    statement = "".join(f"import {m}\n" for m in sorted(driver))
+    assert loaded_after(statement, ("tensorflow", "keras")) == []
 
 
 @pytest.mark.cli  # imports in a fresh interpreter
 def test_the_public_config_import_stays_light():
-    code = ("import sys\nfrom tuner import PrecisionConfig\n"
-            "print(sorted(m for m in ('tensorflow', 'keras', 'mlflow', 'ray', 'optuna') "
-            "if m in sys.modules))")
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                               timeout=120)
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.strip() == "[]"
+    assert loaded_after("from tuner import PrecisionConfig") == []
 
 
 @pytest.mark.cli  # imports in a fresh interpreter
@@ -278,16 +269,8 @@ def test_the_submit_and_job_entrypoint_paths_import_no_heavy_package():
     submit; the whole package 0.2 s of each job's start)."""
     watched = ("ray", "mlflow", "optuna", "tensorflow", "keras", "rich", "tuner.api.job")
     for module in ("tuner.cli.app", "tuner.cli.jobs", "tuner.cli.handoff"):
-        code = (f"import sys\nimport {module}\n"
-                f"print(sorted(m for m in {watched!r} if m in sys.modules))")
-        completed = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                   text=True, timeout=120)
-        assert completed.returncode == 0, completed.stderr
-        assert completed.stdout.strip() == "[]", module
-    code = "import sys\nimport tuner.cli.handoff\nprint('tuner.cli.app' in sys.modules)"
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                               timeout=120)
-    assert completed.stdout.strip() == "False"
+        assert loaded_after(f"import {module}", watched) == [], module
+    assert loaded_after("import tuner.cli.handoff", ("tuner.cli.app",)) == []
 
 
 def test_the_400_line_limit_holds_for_a_module_with_a_reason(monkeypatch, tmp_path):
