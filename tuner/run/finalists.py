@@ -3,14 +3,17 @@
 ``finalists_of`` takes the ``plan.finalists`` fastest stable trials (search-phase medians),
 leaving out a float16-compute config without a loss scale unless the diagnostics show its
 gradients need none (``tuner.judging.decision.no_loss_scale_evidence``); ``clearly_behind``
-drops those whose search-phase median is beyond the leader's by more than a run's drift. Each
+drops those whose search-phase median is beyond the leader's by more than a run's drift, and
+those the search placed below float32 beyond the run's drift (``below_float32``). Each
 exclusion comes with a line for the summary.
 """
 
 from __future__ import annotations
 
 from tuner.judging.decision import no_loss_scale_evidence
-from tuner.judging.noise import SEARCH_DRIFT, median_interval
+import math
+
+from tuner.judging.noise import SEARCH_DRIFT, median, median_interval
 from tuner.records.results import TrialRow
 from tuner.run.trial_loop import Scheduler
 
@@ -50,6 +53,41 @@ def clearly_behind(scheduler: Scheduler,
                          f"{high:.3g}] ms, beyond #{leader.number}'s [{leader_low:.3g}-"
                          f"{leader_high:.3g}] ms by more than a run's "
                          f"{SEARCH_DRIFT - 1:.0%} drift")
+        else:
+            kept.append(row)
+    return kept, notes
+
+
+def below_float32(scheduler: Scheduler,
+                  finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
+    """The finalists the search did not place below float32, and a line for each it did: the
+    top of its speedup over float32 from the two search-phase medians stays under 1, with the
+    medians' own intervals (``median_interval``) and a run's drift (``SEARCH_DRIFT``) added
+    in quadrature (in logs: three independent errors). ``clearly_behind`` adds them end to
+    end against the leader, which keeps a 16-bit finalist 10-15% slower than float32 in
+    the rounds, to be timed only to confirm it slower. Only where both ran with the node to
+    themselves: a trial timed beside another reads up to 1.5x slow."""
+    base = getattr(scheduler, "baseline", None)
+    if base is None or not base.result.timed_steps_ms or not base.result.exclusive_timing:
+        return finalists, []
+    base_ms = median(base.result.timed_steps_ms)
+    base_high = median_interval(base.result.timed_steps_ms)[1]
+    kept, notes = [], []
+    for row in finalists:
+        if not row.result.timed_steps_ms or not row.result.exclusive_timing:
+            kept.append(row)
+            continue
+        row_ms = median(row.result.timed_steps_ms)
+        low = median_interval(row.result.timed_steps_ms)[0]
+        noise = math.sqrt(math.log(base_high / base_ms) ** 2 + math.log(row_ms / low) ** 2
+                          + math.log(SEARCH_DRIFT) ** 2)
+        top = base_ms / row_ms * math.exp(noise)
+        if top < 1.0:
+            notes.append(f"dropped #{row.number} ({row.config.describe()}) before the "
+                         f"re-measurement: the search placed it below float32 beyond a run's "
+                         f"{SEARCH_DRIFT - 1:.0%} drift ({base_ms / row_ms:.2f}x float32's "
+                         f"speed from the search's medians, at most {top:.2f}x with their "
+                         f"noise)")
         else:
             kept.append(row)
     return kept, notes

@@ -25,19 +25,26 @@ over a longer run and, on fresh runs it was not chosen on, its speed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
+from tuner.judging.ceiling_limit import memory_still_bought
 from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
 from tuner.errors import TunerError
-from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
-                                 round_log_ratios, speedup_from_log_ratios)
+from tuner.judging.noise import (NORMAL_QUANTILE, PooledNoise, SpeedupEstimate,
+                                 projected_speedup, round_log_ratios, speedup_from_log_ratios)
 from tuner.records.results import TrialRow
-from tuner.run.finalists import clearly_behind, finalists_of
+from tuner.run.finalists import below_float32, clearly_behind, finalists_of
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
+
+
+# The rounds' time cap follows the search's time (``Rounds._time_cap_s``), never below this: a
+# search of a few seconds still leaves the rounds time to reach their minimum.
+MIN_CAP_S = 10.0
 
 
 @dataclass
@@ -58,10 +65,13 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
     finalists, unscaled = finalists_of(scheduler)
+    finalists, below = below_float32(scheduler, finalists)
     finalists, dropped = clearly_behind(scheduler, finalists)
-    dropped = unscaled + dropped
+    dropped = unscaled + below + dropped
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
+        if scheduler.plan.float32_by_ceiling and not dropped:
+            return _float32_by_ceiling(scheduler.plan, baseline)
         unreached = [row.result.failure_message for row in scheduler.rows
                      if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
         why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
@@ -78,6 +88,19 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
         outcome.notes.append("the pick has no loss scale: "
                              + no_loss_scale_evidence(scheduler.plan.gradient_p01)[1])
     return outcome
+
+
+def _float32_by_ceiling(plan, baseline: TrialRow) -> Remeasured:
+    """float32 after its baseline: the device's ceiling left no 16-bit policy that could win
+    at this model's scale (``RunPlan.float32_by_ceiling``); with what 16-bit would still buy
+    and the flag that tries it anyway."""
+    why = plan.float32_by_ceiling
+    notes = [f"{why}: float32, answered after its baseline; nothing to re-measure"]
+    memory = memory_still_bought(baseline.result.training_memory)
+    if memory:
+        notes.append(memory)
+    notes.append("pass --keep-slow-policies to train the 16-bit policies anyway")
+    return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why), notes)
 
 
 def _why_lost(result: TrialResult) -> str:
@@ -208,6 +231,11 @@ class Rounds:
         policy = self.policy
         if not self.active:
             return "every finalist was lost"
+        if self.by_speed and rounds < policy.min_rounds:
+            # Before the minimum, only the stop that answers float32: a lucky early round can
+            # make a gain look real, never make a real one impossible (the t interval pays for
+            # the few rounds).
+            return self._none_can_clear(rounds) if self._estimates() else ""
         if rounds < policy.min_rounds:
             return ""
         estimates = self._estimates()
@@ -227,6 +255,9 @@ class Rounds:
         if self._drop_below(bar, rounds):
             leader = max(self.active, key=lambda r: r.estimate.ratio)
         width = leader.estimate.relative_half_width
+        cannot = self._none_can_clear(rounds)
+        if cannot:
+            return cannot
         if all(r.estimate and r.estimate.high < bar for r in self.active):
             return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
                     f"(leader's interval +-{width:.1%})")
@@ -236,6 +267,29 @@ class Rounds:
         if settled and width > policy.target_half_width:
             return f"{settled} (leader's interval +-{width:.1%})"
         return self._limit_reason(rounds, elapsed_s, leader)
+
+    def _none_can_clear(self, rounds: int) -> str:
+        """Why no finalist can be picked whatever more rounds show, or "": a pick needs its
+        interval, widened for the run's drift, to clear float32 + ``min_gain`` from its low
+        end (``tuner.judging.decision.decide``); even if a finalist's true speedup were the top
+        of its interval now and the rounds narrowed to nothing, the drift alone (``plan.
+        run_drift`` at 95%) keeps that low end at or under the bar."""
+        bar = 1.0 + self.plan.min_gain
+        drift = math.exp(NORMAL_QUANTILE * self.plan.run_drift)
+        rows = [r for r in self.active if r.estimate is not None]
+        if not rows or len(rows) != len(self.active) \
+                or any(r.estimate.high / drift > bar for r in rows):
+            return ""
+        best = max(rows, key=lambda r: r.estimate.high)
+        return (f"no finalist can clear float32 + {self.plan.min_gain:.0%} even at its "
+                f"interval's top end (best: #{best.number} at {best.estimate.describe()}, "
+                f"{best.estimate.high / drift:.2f}x less a run's drift) after {rounds} rounds")
+
+    def _time_cap_s(self) -> float:
+        """The rounds' time cap: the policy's, and no longer than the search's trials took
+        (never under ``MIN_CAP_S``): verifying the pick costs at most what finding it did."""
+        search_s = self.scheduler.clock.phases.get("trials", 0.0)
+        return min(self.policy.time_cap_s, max(MIN_CAP_S, search_s))
 
     def _limit_reason(self, rounds: int, elapsed_s: float, leader: TrialRow) -> str:
         """The stops that serve every objective: the leader's interval narrow enough, the
@@ -247,9 +301,11 @@ class Rounds:
                     f"(+-{width:.1%})")
         if rounds >= policy.max_rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
-        if elapsed_s >= policy.time_cap_s:
-            return (f"the {policy.time_cap_s:.0f} s time cap (leader's interval "
-                    f"+-{width:.1%})")
+        cap = self._time_cap_s()
+        if elapsed_s >= cap:
+            return (f"the {cap:.0f} s time cap (the search's time; leader's interval "
+                    f"+-{width:.1%})" if cap < policy.time_cap_s else
+                    f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
 
     def _drop_below(self, bar: float, rounds: int) -> bool:

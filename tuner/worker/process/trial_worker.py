@@ -85,9 +85,11 @@ class TrialWorker:
         import keras
 
         from tuner.worker.task.task_loader import forget_tasks  # numpy at import
+        from tuner.worker.trial.steps import forget_stacked
 
         release()
         count = forget_tasks()
+        forget_stacked()
         keras.backend.clear_session()
         gc.collect()
         return count
