@@ -5,17 +5,20 @@ leaving out a float16-compute config without a loss scale unless the diagnostics
 gradients need none (``tuner.judging.decision.no_loss_scale_evidence``); ``clearly_behind``
 drops those whose search-phase median is beyond the leader's by more than a run's drift, and
 those the search placed below float32 beyond the run's drift (``below_float32``). Each
-exclusion comes with a line for the summary.
+exclusion comes with a line for the summary; where none is left, ``why_no_finalist`` says why
+float32 is the answer.
 """
 
 from __future__ import annotations
 
+from tuner.judging.ceiling_limit import memory_still_bought
 from tuner.judging.decision import no_loss_scale_evidence
 import math
 
 from tuner.judging.noise import SEARCH_DRIFT, median, median_interval
 from tuner.records.results import TrialRow
 from tuner.run.trial_loop import Scheduler
+from tuner.trial_types import FailureClass
 
 
 def finalists_of(scheduler: Scheduler) -> tuple[list[TrialRow], list[str]]:
@@ -91,3 +94,28 @@ def below_float32(scheduler: Scheduler,
         else:
             kept.append(row)
     return kept, notes
+
+
+def why_no_finalist(scheduler: Scheduler, unscaled: list[str],
+                    dropped: list[str]) -> tuple[str, list[str]]:
+    """Why float32 is the answer when no finalist is left to time, and the summary's lines:
+    the device's ceiling left no 16-bit policy (``RunPlan.float32_by_ceiling``: with what
+    16-bit would still buy, from the baseline's training memory, and the flag that tries it
+    anyway), no 16-bit config reached the model, none was stable, or each was left out
+    (``unscaled``, ``finalists_of``) or dropped (``dropped``, this module's rules)."""
+    plan, baseline = scheduler.plan, scheduler.baseline
+    if plan.float32_by_ceiling and not (unscaled or dropped):
+        why = plan.float32_by_ceiling
+        memory = memory_still_bought(baseline.result.training_memory)
+        return why, [f"{why}: float32, answered after its baseline; nothing to re-measure",
+                     *([memory] if memory else []),
+                     "pass --keep-slow-policies to train the 16-bit policies anyway"]
+    dropped = unscaled + dropped
+    unreached = [row.result.failure_message for row in scheduler.rows
+                 if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
+    why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
+           else "no stable config besides float32" if not dropped else
+           "every stable 16-bit config was left out or is clearly slower than float32"
+           if unscaled else
+           "every stable 16-bit config is clearly slower than float32")
+    return why, [f"{why}: nothing to re-measure", *dropped]

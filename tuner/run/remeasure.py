@@ -2,8 +2,8 @@
 
 Search-phase medians only screen (one run each, possibly beside another trial). Here:
 - The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
-  to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
-  the leader's (by more than a run's drift) is dropped first, with a line saying so.
+  to itself (``executor.exclusive()``); a finalist the search placed clearly behind the leader
+  or below float32 (``tuner.run.finalists``) is dropped first, with a line saying so.
 - Each config's model is built and traced once and kept alive in the worker; every later run
   trains it on (``tuner.worker.trial.live``), the float32 baseline trial's included.
 - A warm-up run of float32 comes first, discarded (a fresh worker's first run was 46% slow).
@@ -11,10 +11,12 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   reverses each cycle (AB BA BA AB): no config always runs first.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
-  reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
-  below float32 + ``min_gain``, or one finalist left that clears it), or the leader's interval
-  is within ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
-  ``max_rounds`` or ``time_cap_s``; the notes say which.
+  reaches it (it cannot be picked). Rounds stop once no finalist can clear float32 + ``min_gain``
+  even at its interval's top end (``none_can_clear``: also before ``min_rounds``, as it can
+  only answer float32), or one finalist left clears it, or the leader's interval is within
+  ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
+  ``max_rounds``, or after ``time_cap_s`` or as long as the search's trials took (never under
+  ``MIN_CAP_S``: verifying costs at most what finding did); the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
@@ -25,26 +27,23 @@ over a longer run and, on fresh runs it was not chosen on, its speed.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
-from tuner.judging.ceiling_limit import memory_still_bought
-from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
+from tuner.judging.decision import (Candidate, Decision, decide, no_loss_scale_evidence,
+                                    none_can_clear, settled)
 from tuner.errors import TunerError
-from tuner.judging.noise import (NORMAL_QUANTILE, PooledNoise, SpeedupEstimate,
-                                 projected_speedup, round_log_ratios, speedup_from_log_ratios)
+from tuner.judging.noise import (PooledNoise, SpeedupEstimate, projected_speedup,
+                                 round_log_ratios, speedup_from_log_ratios)
 from tuner.records.results import TrialRow
-from tuner.run.finalists import below_float32, clearly_behind, finalists_of
+from tuner.run.finalists import below_float32, clearly_behind, finalists_of, why_no_finalist
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
 
 
-# The rounds' time cap follows the search's time (``Rounds._time_cap_s``), never below this: a
-# search of a few seconds still leaves the rounds time to reach their minimum.
-MIN_CAP_S = 10.0
+MIN_CAP_S = 10.0   # a search of a few seconds still leaves the rounds time for their minimum
 
 
 @dataclass
@@ -66,41 +65,19 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
         raise TunerError("no float32 baseline to re-measure against")
     finalists, unscaled = finalists_of(scheduler)
     finalists, below = below_float32(scheduler, finalists)
-    finalists, dropped = clearly_behind(scheduler, finalists)
-    dropped = unscaled + below + dropped
+    finalists, behind = clearly_behind(scheduler, finalists)
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        if scheduler.plan.float32_by_ceiling and not dropped:
-            return _float32_by_ceiling(scheduler.plan, baseline)
-        unreached = [row.result.failure_message for row in scheduler.rows
-                     if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
-        why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
-               else "no stable config besides float32" if not dropped else
-               "every stable 16-bit config was left out or is clearly slower than float32"
-               if unscaled else
-               "every stable 16-bit config is clearly slower than float32")
+        why, notes = why_no_finalist(scheduler, unscaled, below + behind)
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
-                          [f"{why}: nothing to re-measure", *dropped])
+                          notes)
     outcome = Rounds(scheduler, baseline, finalists).run()
-    outcome.notes[1:1] = dropped
+    outcome.notes[1:1] = unscaled + below + behind
     config = outcome.winner.config
     if config.float16_without_loss_scale:
         outcome.notes.append("the pick has no loss scale: "
                              + no_loss_scale_evidence(scheduler.plan.gradient_p01)[1])
     return outcome
-
-
-def _float32_by_ceiling(plan, baseline: TrialRow) -> Remeasured:
-    """float32 after its baseline: the device's ceiling left no 16-bit policy that could win
-    at this model's scale (``RunPlan.float32_by_ceiling``); with what 16-bit would still buy
-    and the flag that tries it anyway."""
-    why = plan.float32_by_ceiling
-    notes = [f"{why}: float32, answered after its baseline; nothing to re-measure"]
-    memory = memory_still_bought(baseline.result.training_memory)
-    if memory:
-        notes.append(memory)
-    notes.append("pass --keep-slow-policies to train the 16-bit policies anyway")
-    return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why), notes)
 
 
 def _why_lost(result: TrialResult) -> str:
@@ -231,10 +208,7 @@ class Rounds:
         policy = self.policy
         if not self.active:
             return "every finalist was lost"
-        if self.by_speed and rounds < policy.min_rounds:
-            # Before the minimum, only the stop that answers float32: a lucky early round can
-            # make a gain look real, never make a real one impossible (the t interval pays for
-            # the few rounds).
+        if self.by_speed and rounds < policy.min_rounds:   # only the stop answering float32
             return self._none_can_clear(rounds) if self._estimates() else ""
         if rounds < policy.min_rounds:
             return ""
@@ -255,12 +229,9 @@ class Rounds:
         if self._drop_below(bar, rounds):
             leader = max(self.active, key=lambda r: r.estimate.ratio)
         width = leader.estimate.relative_half_width
-        cannot = self._none_can_clear(rounds)
+        cannot = self._none_can_clear(rounds)   # every interval below the bar, among others
         if cannot:
-            return cannot
-        if all(r.estimate and r.estimate.high < bar for r in self.active):
-            return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
-                    f"(leader's interval +-{width:.1%})")
+            return f"{cannot} (leader's interval +-{width:.1%})"
         if len(self.active) == 1 and leader.estimate.across_runs(self.plan.run_drift).clears(bar):
             return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
         settled = self._settled() if policy.settle and rounds < policy.max_rounds else ""
@@ -269,25 +240,16 @@ class Rounds:
         return self._limit_reason(rounds, elapsed_s, leader)
 
     def _none_can_clear(self, rounds: int) -> str:
-        """Why no finalist can be picked whatever more rounds show, or "": a pick needs its
-        interval, widened for the run's drift, to clear float32 + ``min_gain`` from its low
-        end (``tuner.judging.decision.decide``); even if a finalist's true speedup were the top
-        of its interval now and the rounds narrowed to nothing, the drift alone (``plan.
-        run_drift`` at 95%) keeps that low end at or under the bar."""
-        bar = 1.0 + self.plan.min_gain
-        drift = math.exp(NORMAL_QUANTILE * self.plan.run_drift)
+        """``tuner.judging.decision.none_can_clear`` over the active finalists."""
         rows = [r for r in self.active if r.estimate is not None]
-        if not rows or len(rows) != len(self.active) \
-                or any(r.estimate.high / drift > bar for r in rows):
+        if not rows or len(rows) != len(self.active):
             return ""
-        best = max(rows, key=lambda r: r.estimate.high)
-        return (f"no finalist can clear float32 + {self.plan.min_gain:.0%} even at its "
-                f"interval's top end (best: #{best.number} at {best.estimate.describe()}, "
-                f"{best.estimate.high / drift:.2f}x less a run's drift) after {rounds} rounds")
+        return none_can_clear([Candidate(r.number, r.config, r.estimate) for r in rows],
+                              min_gain=self.plan.min_gain, run_drift=self.plan.run_drift,
+                              rounds=rounds)
 
     def _time_cap_s(self) -> float:
-        """The rounds' time cap: the policy's, and no longer than the search's trials took
-        (never under ``MIN_CAP_S``): verifying the pick costs at most what finding it did."""
+        """The policy's cap, and no longer than the search's trials took (``MIN_CAP_S``)."""
         search_s = self.scheduler.clock.phases.get("trials", 0.0)
         return min(self.policy.time_cap_s, max(MIN_CAP_S, search_s))
 
