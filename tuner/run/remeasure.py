@@ -122,9 +122,12 @@ class Rounds:
             self.baseline.remeasured_rounds = []
             rounds = 0
             while not stop:
+                round_started = time.perf_counter()
                 self._round(session, rounds)
                 rounds += 1
-                stop = self._stop_reason(rounds, time.perf_counter() - started)
+                # The time caps count the next round too: stop before it would pass them.
+                now = time.perf_counter()
+                stop = self._stop_reason(rounds, now - started + now - round_started)
             self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in "
                                  f"{rounds} rounds, stopped by {stop}")
             return self._confirm(session, self.decide(rounds), rounds)
@@ -265,8 +268,8 @@ class Rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
         cap = self._time_cap_s()
         if elapsed_s >= cap:
-            return (f"the {cap:.0f} s time cap (the search's time; leader's interval "
-                    f"+-{width:.1%})" if cap < policy.time_cap_s else
+            return (f"the {cap:.0f} s time cap (the search's time, which another round would "
+                    f"pass; leader's interval +-{width:.1%})" if cap < policy.time_cap_s else
                     f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
 
