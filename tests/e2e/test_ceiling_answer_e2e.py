@@ -56,7 +56,8 @@ def test_no_fast_16bit_answers_float32_after_the_baseline(tmp_path, machine_key)
     out, trials, run_dir, _ = _tune(tmp_path, machine_key, 0.90, 0.88)
     assert [t["config"]["policy"] for t in trials] == ["float32"]
     text = " ".join(out.split())   # the console wraps long lines
-    assert "this CPU has no fast bfloat16 or float16: bfloat16 0.9x at your largest layer" in text
+    assert ("best: float32 (trial #0): this CPU has no fast bfloat16 or float16: bfloat16 0.9x "
+            "at your largest layer") in text
     assert "what 16-bit would still buy: memory, not speed" in text
     assert "pass --keep-slow-policies to train the 16-bit policies anyway" in text
     timing = json.loads((run_dir / "timing.json").read_text())

@@ -170,3 +170,32 @@ def test_the_rounds_stop_before_their_minimum_once_no_finalist_can_clear(tmp_pat
                 in outcome.notes[0]
             stopped_early += rounds < scheduler.plan.remeasurement.min_rounds
     assert stopped_early >= 3
+
+
+def test_the_rounds_spend_no_longer_than_the_search(tmp_path, monkeypatch):
+    """Rounds that would go on (a 1.05x finalist, its interval across the bar; no settled or
+    target stop) end before the next round would pass the time the search's trials took."""
+    import types
+
+    from tuner.run import remeasure
+    from tuner.run.plan import Remeasurement
+
+    clock = [0.0]
+
+    def perf_counter():   # every reading of the rounds' clock: one second later
+        clock[0] += 1.0
+        return clock[0]
+
+    monkeypatch.setattr(remeasure, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 1.05,
+                      drift=0.05, seed=4)
+    executor = ScriptedExecutor(machine)
+    scheduler = scheduler_for(space_file(tmp_path, SPACE), executor, tmp_path, trials=4,
+                              remeasurement=Remeasurement(max_rounds=50, target_half_width=0.0,
+                                                          time_cap_s=240.0, settle=False))
+    scheduler.run()
+    scheduler.clock.phases["trials"] = 20.0
+    outcome = winner_of(scheduler)
+    assert "stopped by the 20 s time cap (the search's time" in outcome.notes[0], outcome.notes
+    # Two readings a round after the start: the tenth round's end would have reached 21 s.
+    assert len(scheduler.baseline.remeasured_rounds) < 10
