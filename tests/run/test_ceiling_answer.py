@@ -182,8 +182,8 @@ def test_the_rounds_spend_no_longer_than_the_search(tmp_path, monkeypatch):
 
     clock = [0.0]
 
-    def perf_counter():   # every reading of the rounds' clock: one second later
-        clock[0] += 1.0
+    def perf_counter():   # every reading of the rounds' clock: two seconds later
+        clock[0] += 2.0
         return clock[0]
 
     monkeypatch.setattr(remeasure, "time", types.SimpleNamespace(perf_counter=perf_counter))
@@ -194,8 +194,9 @@ def test_the_rounds_spend_no_longer_than_the_search(tmp_path, monkeypatch):
                               remeasurement=Remeasurement(max_rounds=50, target_half_width=0.0,
                                                           time_cap_s=240.0, settle=False))
     scheduler.run()
-    scheduler.clock.phases["trials"] = 20.0
+    scheduler.clock.phases["trials"] = 30.0
     outcome = winner_of(scheduler)
-    assert "stopped by the 20 s time cap (the search's time" in outcome.notes[0], outcome.notes
-    # Two readings a round after the start: the tenth round's end would have reached 21 s.
-    assert len(scheduler.baseline.remeasured_rounds) < 10
+    assert "stopped by the 30 s time cap (the search's time" in outcome.notes[0], outcome.notes
+    # Two readings a round (4 s) after the start: 7 rounds end at 28 s, and an eighth would
+    # pass 30 s, so the rounds stop within the search's time (not at 32 s, after it).
+    assert len(scheduler.baseline.remeasured_rounds) == 7
