@@ -163,7 +163,7 @@ def test_the_probe_times_its_dtypes_in_turns_and_an_emulated_one_leaves_early(mo
 
     monkeypatch.setattr(ceiling, "_step", fake_step)
     monkeypatch.setattr(ceiling.time, "perf_counter", lambda: clock[0])
-    ms = ceiling._time_steps("CPU", ceiling.DTYPES)
+    ms, spread = ceiling._time_steps("CPU", ceiling.DTYPES)
     assert order[:6] == ["float32", "bfloat16", "float16"] * 2
     capped = int(ceiling._MAX_TIMED_S / 0.5)
     assert order.count("float16") == capped                    # then it left the turns
@@ -172,3 +172,4 @@ def test_the_probe_times_its_dtypes_in_turns_and_an_emulated_one_leaves_early(mo
     assert after[::2] == ["float32"] * len(after[::2])         # the others kept alternating
     assert after[1::2] == ["bfloat16"] * len(after[1::2])
     assert ms == {"float32": 1000 * 2.0 ** -9, "bfloat16": 1000 * 2.0 ** -10, "float16": 500.0}
+    assert spread == {"float32": 0.0, "bfloat16": 0.0, "float16": 0.0}   # steady steps: no noise

@@ -191,7 +191,10 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                   min_gain: float = 0.03, seed: int = 0, finalists: int = 3,
                   remeasurement: Remeasurement | None = None, objective: str = "speed",
                   memory_slack: float = 0.10, run_drift: float = 0.0,
-                  emulated: dict[str, float] | None = None) -> Scheduler:
+                  emulated: dict[str, float] | None = None,
+                  ceiling: dict | None = None) -> Scheduler:
+    """``ceiling``: the device's figures the plan is fitted to (``RunPlan.within_ceiling``), as
+    a job fits it after the task check; None: the plan as given."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -203,6 +206,9 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                    remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
                    objective=objective, memory_slack=memory_slack, run_drift=run_drift,
                    emulated=emulated or {}, ceiling_device="CPU")
+    if ceiling is not None:
+        plan, _ = plan.within_ceiling(ceiling)
+        space = plan.space
     study = optuna.create_study(directions=["minimize"] * objective.directions,
                                 sampler=optuna.samplers.TPESampler(seed=seed,
                                                                    n_startup_trials=4))

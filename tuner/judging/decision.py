@@ -11,11 +11,12 @@ one. A float16 config without a loss scale is a finalist only with evidence that
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from tuner.apply.config import PrecisionConfig
-from tuner.judging.noise import SpeedupEstimate
+from tuner.judging.noise import NORMAL_QUANTILE, SpeedupEstimate
 
 DEFAULT_MIN_GAIN = 0.03
 
@@ -147,3 +148,23 @@ def settled(baseline: int, now: Sequence[Candidate], at_cap: dict[int, SpeedupEs
     return (f"a settled pick: #{today.winner} ({today.estimate.describe()}); {cap} rounds "
             f"would pick it too at these estimates, and it clears float32 + {min_gain:.0%} "
             "even from its interval's low end")
+
+
+def none_can_clear(candidates: Sequence[Candidate], *, min_gain: float, run_drift: float,
+                   rounds: int) -> str:
+    """Why no candidate can be picked whatever more rounds show, or "". A pick needs its
+    interval, widened for the run-to-run drift, to clear 1 + ``min_gain`` from its low end
+    (``decide``). Even if a candidate's true speedup were the top of its interval now and the
+    rounds narrowed to nothing, the drift alone (``run_drift`` at 95%) would keep that low end
+    at or under the bar. Stopping here can only answer float32: a lucky early round can make a
+    gain look real, never make a real one impossible (the t interval pays for few rounds)."""
+    if not candidates:
+        return ""
+    bar = 1.0 + min_gain
+    drift = math.exp(NORMAL_QUANTILE * run_drift)
+    best = max(candidates, key=lambda c: c.estimate.high)
+    if best.estimate.high / drift > bar:
+        return ""
+    return (f"no finalist can clear float32 + {min_gain:.0%} even at its interval's top end "
+            f"(best: #{best.number} at {best.estimate.describe()}, "
+            f"{best.estimate.high / drift:.2f}x less a run's drift) after {rounds} rounds")

@@ -105,8 +105,8 @@ def _drift(estimate) -> str:
 
 def headline(summary: "TuneSummary") -> list[str]:
     lines = []
-    only_baseline = summary.best is not None and summary.best is summary.baseline and not any(
-        r.judgement.stable for r in summary.rows if r is not summary.baseline)
+    only_baseline = summary.best is summary.baseline is not None and len(summary.rows) > 1 and \
+        not any(r.judgement.stable for r in summary.rows if r is not summary.baseline)
     if only_baseline:
         lines.append("best: float32 (trial #0): no 16-bit config was both stable and within "
                      "the early-stop limit on this machine")

@@ -100,9 +100,10 @@ class TuneOptions:
         "space's, 0.9]", TRY, ratio, kept=True)] = None
     keep_slow_policies: Annotated[bool, Option(
         "also try policies whose 16-bit dtype runs a dense layer's training step at under half "
-        "float32's speed on the trial device (float16 on most CPUs); by default they are "
-        "skipped, with a line saying so. No trial is then stopped early for being slow: the "
-        "kept policies are there to be judged on stability", TRY)] = False
+        "float32's speed on the trial device (float16 on most CPUs), or cannot beat float32 at "
+        "the model's largest layer (bfloat16 on CPUs without AVX512-BF16 or AMX); by default "
+        "they are skipped, with a line saying so. No trial is then stopped early for being "
+        "slow: the kept policies are there to be judged on stability", TRY)] = False
     # -- how the pick is made and checked
     finalists: Annotated[int, Option(
         "stable candidates re-measured back to back before naming the winner [default: "

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from tuner.apply.config import compute_dtype_of
 from tuner.errors import UsageError
+from tuner.judging.ceiling_limit import dtype_ceilings, no_fast_16bit, ruled_out
 from tuner.judging.decision import DEFAULT_MIN_GAIN
 from tuner.judging.noise import RUN_DRIFT_SD
 from tuner.judging.objective import DEFAULT_MEMORY_SLACK, Objective
@@ -98,6 +99,10 @@ class RunPlan:
     # dtype's (tuner.judging.worth_training). Empty with --keep-slow-policies.
     emulated: Mapping[str, float] = dataclasses.field(default_factory=dict)
     ceiling_device: str = ""
+    # Why float32 is the answer without 16-bit trials: every 16-bit policy of the space was
+    # left out by the device's ceiling (tuner.judging.ceiling_limit.no_fast_16bit); "" when
+    # some remain. The search then trains the float32 baseline only.
+    float32_by_ceiling: str = ""
     # Once the baseline has trained: how long a later trial (and its re-measurement) trains
     # at most before it is judged on the steps it took (``time_bounded``).
     time_bound_s: float | None = None
@@ -173,26 +178,38 @@ class RunPlan:
         slow = {} if self.keep_slow_policies or not ceiling else {
             dtype: speed for dtype, speed in ceiling["speed"].items()
             if dtype != "float32" and speed < CANNOT_WIN_BELOW}
+        # At the model's own scale (tuner.judging.ceiling_limit): the speed objective only.
+        at_scale = {} if self.keep_slow_policies or not self.objective.skips_slow_policies \
+            else ruled_out(ceiling, self.min_gain)
         if self.skipped_policies is not None:
             skipped, notes = self.skipped_policies, []
-        elif not slow or not self.objective.skips_slow_policies:
+        elif not (slow or at_scale) or not self.objective.skips_slow_policies:
             # Under memory or balanced a slow 16-bit policy may still be the pick by its memory.
             skipped, notes = (), []
         else:
             skipped = tuple(p for p in self.space.policies if p != "float32"
-                            and compute_dtype_of(p) in slow)
+                            and (compute_dtype_of(p) in slow or compute_dtype_of(p) in at_scale))
             notes = [f"skipping {', '.join(p for p in skipped if compute_dtype_of(p) == dtype)}: "
-                     f"{dtype} runs a dense layer's training step at {speed:.2g}x float32's "
-                     f"speed on {ceiling['device']}, so it cannot win here (pass "
-                     "--keep-slow-policies to try it anyway)"
-                     for dtype, speed in slow.items()
+                     + (f"{dtype} runs a dense layer's training step at {slow[dtype]:.2g}x "
+                        f"float32's speed on {ceiling['device']}" if dtype in slow else
+                        f"{dtype} runs {at_scale[dtype].describe()} on {ceiling['device']}")
+                     + ", so it cannot win here (pass --keep-slow-policies to try it anyway)"
+                     for dtype in dict.fromkeys([*slow, *at_scale])
                      if any(compute_dtype_of(p) == dtype for p in skipped)]
         space = dataclasses.replace(self.space, policies=tuple(
             p for p in self.space.policies if p not in skipped))
         trials = space.size() if self.exhaustive else self.trials
+        # No 16-bit policy left: float32 is the answer once the baseline has trained.
+        answer = ""
+        if skipped and all(p == "float32" for p in space.policies):
+            answer = no_fast_16bit(ceiling or {}, {
+                **{d: c for d, c in dtype_ceilings(ceiling).items()
+                   if any(compute_dtype_of(p) == d for p in skipped)}})
+            trials = 1
         return dataclasses.replace(self, space=space, trials=trials,
                                    skipped_policies=tuple(skipped), emulated=slow,
-                                   ceiling_device=(ceiling or {}).get("device", "")), notes
+                                   ceiling_device=(ceiling or {}).get("device", ""),
+                                   float32_by_ceiling=answer), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""

@@ -2,8 +2,8 @@
 
 Search-phase medians only screen (one run each, possibly beside another trial). Here:
 - The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
-  to itself (``executor.exclusive()``); a finalist whose search-phase median is clearly beyond
-  the leader's (by more than a run's drift) is dropped first, with a line saying so.
+  to itself (``executor.exclusive()``); a finalist the search placed clearly behind the leader
+  or below float32 (``tuner.run.finalists``) is dropped first, with a line saying so.
 - Each config's model is built and traced once and kept alive in the worker; every later run
   trains it on (``tuner.worker.trial.live``), the float32 baseline trial's included.
 - A warm-up run of float32 comes first, discarded (a fresh worker's first run was 46% slow).
@@ -11,10 +11,12 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   reverses each cycle (AB BA BA AB): no config always runs first.
 - From ``min_rounds`` on, a finalist whose interval lies wholly below the leader's is dropped,
   and so is one whose interval lies wholly below float32 + ``min_gain`` while another's still
-  reaches it (it cannot be picked). Rounds stop once the decision is clear (every interval
-  below float32 + ``min_gain``, or one finalist left that clears it), or the leader's interval
-  is within ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
-  ``max_rounds`` or ``time_cap_s``; the notes say which.
+  reaches it (it cannot be picked). Rounds stop once no finalist can clear float32 + ``min_gain``
+  even at its interval's top end (``none_can_clear``: also before ``min_rounds``, as it can
+  only answer float32), or one finalist left clears it, or the leader's interval is within
+  ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
+  ``max_rounds``, or after ``time_cap_s`` or as long as the search's trials took (never under
+  ``MIN_CAP_S``: verifying costs at most what finding did); the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
@@ -30,7 +32,14 @@ from dataclasses import dataclass, field
 
 from tuner import interrupt
 from tuner.errors import TunerError
-from tuner.judging.decision import Candidate, Decision, decide, no_loss_scale_evidence, settled
+from tuner.judging.decision import (
+    Candidate,
+    Decision,
+    decide,
+    no_loss_scale_evidence,
+    none_can_clear,
+    settled,
+)
 from tuner.judging.noise import (
     PooledNoise,
     SpeedupEstimate,
@@ -40,9 +49,11 @@ from tuner.judging.noise import (
 )
 from tuner.records.results import TrialRow
 from tuner.run.confirmation_run import MAX_ATTEMPTS, Confirmation, Confirmer, confirm_pick
-from tuner.run.finalists import clearly_behind, finalists_of
+from tuner.run.finalists import below_float32, clearly_behind, finalists_of, why_no_finalist
 from tuner.run.trial_loop import Scheduler, make_spec
-from tuner.trial_types import FailureClass, TrialOutcome, TrialResult
+from tuner.trial_types import TrialOutcome, TrialResult
+
+MIN_CAP_S = 10.0   # a search of a few seconds still leaves the rounds time for their minimum
 
 
 @dataclass
@@ -63,21 +74,15 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
     finalists, unscaled = finalists_of(scheduler)
-    finalists, dropped = clearly_behind(scheduler, finalists)
-    dropped = unscaled + dropped
+    finalists, below = below_float32(scheduler, finalists)
+    finalists, behind = clearly_behind(scheduler, finalists)
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        unreached = [row.result.failure_message for row in scheduler.rows
-                     if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
-        why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
-               else "no stable config besides float32" if not dropped else
-               "every stable 16-bit config was left out or is clearly slower than float32"
-               if unscaled else
-               "every stable 16-bit config is clearly slower than float32")
+        why, notes = why_no_finalist(scheduler, unscaled, below + behind)
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
-                          [f"{why}: nothing to re-measure", *dropped])
+                          notes)
     outcome = Rounds(scheduler, baseline, finalists).run()
-    outcome.notes[1:1] = dropped
+    outcome.notes[1:1] = unscaled + below + behind
     config = outcome.winner.config
     if config.float16_without_loss_scale:
         outcome.notes.append("the pick has no loss scale: "
@@ -127,9 +132,12 @@ class Rounds:
             self.baseline.remeasured_rounds = []
             rounds = 0
             while not stop:
+                round_started = time.perf_counter()
                 self._round(session, rounds)
                 rounds += 1
-                stop = self._stop_reason(rounds, time.perf_counter() - started)
+                # The time caps count the next round too: stop before it would pass them.
+                now = time.perf_counter()
+                stop = self._stop_reason(rounds, now - started + now - round_started)
             self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in "
                                  f"{rounds} rounds, stopped by {stop}")
             return self._confirm(session, self.decide(rounds), rounds)
@@ -213,6 +221,8 @@ class Rounds:
         policy = self.policy
         if not self.active:
             return "every finalist was lost"
+        if self.by_speed and rounds < policy.min_rounds:   # only the stop answering float32
+            return self._none_can_clear(rounds) if self._estimates() else ""
         if rounds < policy.min_rounds:
             return ""
         estimates = self._estimates()
@@ -232,15 +242,29 @@ class Rounds:
         if self._drop_below(bar, rounds):
             leader = max(self.active, key=lambda r: r.estimate.ratio)
         width = leader.estimate.relative_half_width
-        if all(r.estimate and r.estimate.high < bar for r in self.active):
-            return (f"every finalist's interval lies below float32 + {self.plan.min_gain:.0%} "
-                    f"(leader's interval +-{width:.1%})")
+        cannot = self._none_can_clear(rounds)   # every interval below the bar, among others
+        if cannot:
+            return f"{cannot} (leader's interval +-{width:.1%})"
         if len(self.active) == 1 and leader.estimate.across_runs(self.plan.run_drift).clears(bar):
             return f"one finalist left, clearly ahead of float32 (+-{width:.1%})"
         settled = self._settled() if policy.settle and rounds < policy.max_rounds else ""
         if settled and width > policy.target_half_width:
             return f"{settled} (leader's interval +-{width:.1%})"
         return self._limit_reason(rounds, elapsed_s, leader)
+
+    def _none_can_clear(self, rounds: int) -> str:
+        """``tuner.judging.decision.none_can_clear`` over the active finalists."""
+        rows = [r for r in self.active if r.estimate is not None]
+        if not rows or len(rows) != len(self.active):
+            return ""
+        return none_can_clear([Candidate(r.number, r.config, r.estimate) for r in rows],
+                              min_gain=self.plan.min_gain, run_drift=self.plan.run_drift,
+                              rounds=rounds)
+
+    def _time_cap_s(self) -> float:
+        """The policy's cap, and no longer than the search's trials took (``MIN_CAP_S``)."""
+        search_s = self.scheduler.clock.phases.get("trials", 0.0)
+        return min(self.policy.time_cap_s, max(MIN_CAP_S, search_s))
 
     def _limit_reason(self, rounds: int, elapsed_s: float, leader: TrialRow) -> str:
         """The stops that serve every objective: the leader's interval narrow enough, the
@@ -252,9 +276,11 @@ class Rounds:
                     f"(+-{width:.1%})")
         if rounds >= policy.max_rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
-        if elapsed_s >= policy.time_cap_s:
-            return (f"the {policy.time_cap_s:.0f} s time cap (leader's interval "
-                    f"+-{width:.1%})")
+        cap = self._time_cap_s()
+        if elapsed_s >= cap:
+            return (f"the {cap:.0f} s time cap (the search's time, which another round would "
+                    f"pass; leader's interval +-{width:.1%})" if cap < policy.time_cap_s else
+                    f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
 
     def _drop_below(self, bar: float, rounds: int) -> bool:

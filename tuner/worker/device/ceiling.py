@@ -23,7 +23,13 @@ Three figures per dtype, each float32's step time over the dtype's:
 Each figure times its dtypes in turns (``_time_steps``), so that the machine's drift falls on
 all of them alike: timed one after the other, the first 1024-wide float32 block of a fresh
 process read 19-22 ms against 15-16 ms later, and the peak read bfloat16 2.9x to 6.5x from run
-to run on one machine (2.4-2.7x in turns).
+to run on one machine (2.4-2.7x in turns). Beside each figure's ``speed``, its ``spread``: the
+95% half-width (in logs) of the mean of its turns' paired log ratios, the figure's own noise
+(tuner.judging.ceiling_limit reads both).
+
+The model's figure is kept with the device's in the machine's cache
+(tuner.worker.device.ceiling_cache), by its shape: the next tune of the same model on the
+machine reads it instead of timing it again.
 
 Plain data out.
 """
@@ -42,13 +48,16 @@ PEAK_SIZE = 1024           # width and batch of the peak figure's layer
 EMULATED_BELOW = 0.5       # a small step under half float32's speed: the dtype is emulated
 _MIN_REPEATS = 5
 _MIN_TIMED_S = 0.1
-# The model's figure is timed in every job before its first trial (the device's are timed
-# once per warm worker): half the time per dtype. At digits' largest layer (1024 x 1024, batch
-# 256) on this project's 2-core EPYC, bfloat16 read 1.56-1.75x in ten runs at 0.1 s and
-# 1.58-1.85x at 0.05 s (0.43 s against 0.27 s per figure).
-_MODEL_MIN_TIMED_S = 0.05
+# The model's figure is timed once per model and machine, then kept in the machine's cache:
+# the device's figures' time per dtype. At digits' largest layer (1024 x 1024, batch 256) on
+# this project's 2-core EPYC, bfloat16 read 1.56-1.75x in ten runs at 0.1 s and 1.58-1.85x at
+# 0.05 s (0.43 s against 0.27 s per figure); its spread decides whether a dtype is borderline
+# (tuner.judging.ceiling_limit), and more turns narrow it.
+_MODEL_MIN_TIMED_S = _MIN_TIMED_S
 _MAX_TIMED_S = 2.0         # per dtype: an emulated dtype stops early, its few samples suffice
 DTYPES = ("float32", "bfloat16", "float16")
+# Two-sided 95% Student-t quantiles by degrees of freedom (beyond the table: 10 dof's).
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 def _device() -> str:
@@ -85,14 +94,16 @@ def _step(dtype: str, device: str, batch: int, width_in: int, width_out: int):
 
 
 def _time_steps(device: str, dtypes, batch: int = _BATCH, width_in: int = SIZE,
-                width_out: int = SIZE, min_timed_s: float = _MIN_TIMED_S) -> dict[str, float]:
+                width_out: int = SIZE, min_timed_s: float = _MIN_TIMED_S
+                ) -> tuple[dict[str, float], dict[str, float]]:
     """Median milliseconds per step of each dtype's ``_step``, timed in turns (float32, then
     each other dtype, then float32 again, ...): a shared machine's speed drifts within a
     second (a 1024-wide float32 step read 16 to 24 ms in one process), and in turns the drift
     falls on every dtype alike instead of on whichever was timed in the slow stretch. The
     turns end once each dtype has ``_MIN_REPEATS`` samples and they took ``min_timed_s`` per
     dtype together; a dtype leaves them after ``_MAX_TIMED_S`` (an emulated one: its few
-    samples suffice)."""
+    samples suffice). Returns the medians and each dtype's ``spread`` against float32
+    (``_spread``)."""
     runs = {dtype: _step(dtype, device, batch, width_in, width_out) for dtype in dtypes}
     samples: dict[str, list[float]] = {dtype: [] for dtype in runs}
     spent = dict.fromkeys(runs, 0.0)
@@ -107,13 +118,27 @@ def _time_steps(device: str, dtypes, batch: int = _BATCH, width_in: int = SIZE,
             spent[dtype] += took
             if spent[dtype] >= _MAX_TIMED_S:
                 turns.remove(dtype)
-    return {dtype: statistics.median(values) for dtype, values in samples.items()}
+    return ({dtype: statistics.median(values) for dtype, values in samples.items()},
+            {dtype: _spread(samples["float32"], values) for dtype, values in samples.items()})
+
+
+def _spread(float32_ms: list[float], dtype_ms: list[float]) -> float:
+    """The 95% half-width, in logs, of the mean log ratio of float32's step to the dtype's
+    over the turns both ran (a turn's pair shares the machine's moment); 0 for float32
+    itself, and for a dtype with fewer than two pairs (an emulated one: nothing to read)."""
+    ratios = [math.log(a / b) for a, b in zip(float32_ms, dtype_ms) if a > 0 and b > 0]
+    if float32_ms is dtype_ms or len(ratios) < 2:
+        return 0.0
+    return (_T95[min(len(ratios) - 1, len(_T95)) - 1] * statistics.stdev(ratios)
+            / math.sqrt(len(ratios)))
 
 
 def _speeds(device: str, dtypes, batch: int, width_in: int, width_out: int,
             min_timed_s: float = _MIN_TIMED_S) -> dict:
-    ms = _time_steps(device, dtypes, batch, width_in, width_out, min_timed_s)
-    return {dtype: ms["float32"] / value for dtype, value in ms.items()}
+    """``{"speed": {dtype: float32_ms / ms}, "spread": {dtype: its noise (_spread)}}``."""
+    ms, spread = _time_steps(device, dtypes, batch, width_in, width_out, min_timed_s)
+    return {"speed": {dtype: ms["float32"] / value for dtype, value in ms.items()},
+            "spread": {dtype: round(value, 4) for dtype, value in spread.items()}}
 
 
 def measure_ceiling(model_layer: dict | None = None, *, fresh: bool = False) -> dict:
@@ -127,11 +152,24 @@ def measure_ceiling(model_layer: dict | None = None, *, fresh: bool = False) -> 
     native = ["float32"] + [d for d in DTYPES
                             if d != "float32" and ceiling["speed"][d] >= EMULATED_BELOW]
     if model_layer is not None:
-        batch, width_in, width_out = model_layer["shape"]
-        ceiling["model"] = {**model_layer,
-                            "speed": _speeds(device, native, batch, width_in, width_out,
-                                             _MODEL_MIN_TIMED_S)}
+        ceiling["model"] = {**model_layer, **_model_figure(device, native, model_layer["shape"],
+                                                           fresh)}
     return ceiling
+
+
+def _model_figure(device: str, dtypes: list[str], shape: list[int], fresh: bool) -> dict:
+    """The speeds at the model's largest layer's ``shape``: from the machine's cache where
+    it holds this shape's (``"kept": True``), else timed and kept there."""
+    name = "x".join(str(int(d)) for d in shape)
+    key = ceiling_cache.machine_key(device)
+    kept = None if fresh else ceiling_cache.read(key)
+    figure = ((kept or {}).get("models") or {}).get(name)
+    if isinstance(figure, dict) and set(dtypes) <= set(figure.get("speed", {})):
+        return {**figure, "kept": True}
+    batch, width_in, width_out = shape
+    figure = _speeds(device, dtypes, batch, width_in, width_out, _MODEL_MIN_TIMED_S)
+    ceiling_cache.add_model(key, name, figure)
+    return figure
 
 
 _measured: dict[str, dict] = {}    # device -> its figures, measured once per worker process
@@ -158,15 +196,16 @@ def _device_figures(device: str, fresh: bool = False) -> dict:
     key = ceiling_cache.machine_key(device)
     kept = None if fresh else ceiling_cache.read(key)
     if kept is not None:   # later asks in this process say where they came from, too
-        _measured[device] = {**kept, "kept_in": str(ceiling_cache.cache_path())}
+        _measured[device] = {**{k: v for k, v in kept.items() if k != "models"},
+                             "kept_in": str(ceiling_cache.cache_path())}
         return {**_measured[device], "reused": True}
-    ms = _time_steps(device, DTYPES)
+    ms, _ = _time_steps(device, DTYPES)
     speed = {dtype: ms["float32"] / value for dtype, value in ms.items()}
     native = ["float32"] + [d for d in DTYPES if d != "float32" and speed[d] >= EMULATED_BELOW]
     _measured[device] = {"device": device, "size": SIZE, "ms": ms, "speed": speed,
                          "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                         "peak": {"size": PEAK_SIZE, "speed": _speeds(device, native, PEAK_SIZE,
-                                                                      PEAK_SIZE, PEAK_SIZE)}}
+                         "peak": {"size": PEAK_SIZE, **_speeds(device, native, PEAK_SIZE,
+                                                               PEAK_SIZE, PEAK_SIZE)}}
     ceiling_cache.write(key, _measured[device])
     return _measured[device]
 

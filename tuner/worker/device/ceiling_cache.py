@@ -7,6 +7,10 @@ They cost 0.8 s of every tune's start-up on this project's 2-core CPU, a few per
 tune's wall time. Kept here, keyed by all four, for ``MAX_AGE_S``; a run that reuses them says
 so, with when they were taken and where they are kept (delete the file to measure again).
 
+The model's figure (its largest layer's product at the task's batch size) depends on the
+same four and its shape: it is kept beside them, under ``"models"`` by shape (``add_model``),
+and goes when they go.
+
 The file is ``$PRECISION_TUNER_CACHE_DIR/ceiling.json``, by default under ``$XDG_CACHE_HOME``
 (``~/.cache/precision-tuner``). A file that cannot be read or written is ignored: the ceiling
 is then measured, as before.
@@ -59,14 +63,33 @@ def read(key: str) -> dict | None:
 
 
 def write(key: str, figures: dict) -> None:
+    kept = _file()
+    kept[key] = {"taken": time.time(), "figures": figures}
+    _replace(kept)
+
+
+def add_model(key: str, shape: str, figure: dict) -> None:
+    """Keep a model's figure (``shape``: "batchxinxout") beside ``key``'s device figures;
+    nothing where none are kept (the model's figure is then timed again next time)."""
+    kept = _file()
+    entry = kept.get(key)
+    if not isinstance(entry, dict) or not isinstance(entry.get("figures"), dict):
+        return
+    entry["figures"].setdefault("models", {})[shape] = figure
+    _replace(kept)
+
+
+def _file() -> dict:
+    try:
+        kept = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _replace(kept: dict) -> None:
     path = cache_path()
     try:
-        try:
-            kept = json.loads(path.read_text())
-            kept = kept if isinstance(kept, dict) else {}
-        except (OSError, ValueError):
-            kept = {}
-        kept[key] = {"taken": time.time(), "figures": figures}
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(kept, indent=1))

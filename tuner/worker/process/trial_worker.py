@@ -23,6 +23,7 @@ from tuner.worker.device.ceiling import prime
 from tuner.worker.process.startup import configure_devices, import_frameworks
 from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
+from tuner.worker.trial.steps import forget_stacked
 from tuner.worker.trial.trial import run_trial
 
 
@@ -88,6 +89,7 @@ class TrialWorker:
 
         release()
         count = forget_tasks()
+        forget_stacked()
         keras.backend.clear_session()
         gc.collect()
         return count

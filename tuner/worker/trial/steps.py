@@ -36,6 +36,15 @@ def fit_steps(model, batches, steps: int, callbacks=()) -> None:
 _STACKED: dict[int, tuple[list, object]] = {}
 
 
+def forget_stacked() -> int:
+    """Drop every stacked copy: a warm worker of the service serves one job after another,
+    and each entry holds a job's batches and their stacked tensors alive (called with
+    ``tuner.worker.task.task_loader.forget_tasks`` between jobs). Returns how many."""
+    count = len(_STACKED)
+    _STACKED.clear()
+    return count
+
+
 def batch_dataset(batches, steps: int):
     import tensorflow as tf
 
