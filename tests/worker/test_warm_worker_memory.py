@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tuner.apply.config import PrecisionConfig
 from tuner.trial_types import TrialSpec
 
@@ -67,6 +69,7 @@ print(json.dumps(after))
 '''
 
 
+@pytest.mark.cli  # the warm worker runs in a process of its own
 def test_a_warm_worker_holds_no_job_after_the_job(tmp_path):
     specs = []
     for job in range(JOBS):
