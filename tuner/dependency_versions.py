@@ -36,7 +36,7 @@ def _declared_ranges() -> dict[str, str]:
     for text in metadata.requires(DISTRIBUTION) or []:
         requirement = Requirement(text)
         bounds = sorted(map(str, requirement.specifier), key=lambda bound: bound[0] != ">")
-        if bounds:  # the floor first: ">=3.5.0,<4"
+        if bounds:  # the floor first: ">=3.10.0,<4"
             ranges.setdefault(requirement.name.lower(), ",".join(bounds))
     return ranges
 
