@@ -97,6 +97,8 @@ $(LOWEST_STAMP): pyproject.toml .ci/lowest_requirements.py
 	$(LOWEST_BIN)/pip freeze --exclude-editable > $(LOWEST)/freeze.txt
 	@touch $(LOWEST_STAMP)
 
+# The documentation's build is left out there: the docs' tools are the newest, not floored, and
+# on Python 3.10 pip pairs mkdocstrings with a pymdown-extensions it cannot run with.
 # The floors' own checks first (a loaded model trained under the guard; the seam's version
 # differences; the range itself), then the quick tier, then one real tune with two trials side
 # by side (Ray 2.40's workers, Optuna 5.0's study, MLflow 3.9's store).
@@ -104,7 +106,7 @@ test-lowest: setup-lowest
 	$(LOWEST_BIN)/python -m pytest -q tests/apply/guard/test_guarded_apply_loaded.py \
 		tests/apply/test_keras_internals.py tests/project/test_dependency_ranges.py
 	$(LOWEST_BIN)/python -m tests.support.tier_run quick --workers $(TEST_WORKERS) --no-static \
-		--results test-results/lowest --quick-budget 0
+		--results test-results/lowest --quick-budget 0 --ignore tests/project/test_docs.py
 	rm -rf runs/lowest
 	$(LOWEST_BIN)/precision-tuner tune examples/digits_mlp.py --space quick --workers 2 \
 		--run-dir runs/lowest/tune --out runs/lowest/best_precision.json

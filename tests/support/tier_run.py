@@ -30,8 +30,9 @@ TYPED = ["tuner/__init__.py", "tuner/apply", "tuner/api"]
 LINTED = ["tuner", "tests", "benchmarks", "examples"]
 
 
-def _pytest(name: str, marks: str, workers: int, results: Path) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-m", marks,
+def _pytest(name: str, marks: str, workers: int, results: Path,
+            extra: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "-q", "-m", marks, *extra,
                f"--junitxml={results}/{name}.xml", "-o", "junit_family=xunit1",
                "-p", "no:cacheprovider"]
     if workers > 1:
@@ -41,17 +42,17 @@ def _pytest(name: str, marks: str, workers: int, results: Path) -> list[str]:
     return command
 
 
-def _phases(tier: str, workers: int, static: bool,
-            results: Path) -> list[tuple[str, list[str], dict]]:
+def _phases(tier: str, workers: int, static: bool, results: Path,
+            extra: list[str]) -> list[tuple[str, list[str], dict]]:
     checks = [("lint", [sys.executable, "-m", "ruff", "check", *LINTED], {}),
               ("types", [sys.executable, "-m", "mypy", *TYPED], {})] if static else []
     quick = [
         *checks,
-        ("unit", _pytest("unit", "unit", 1, results), {"PT_UNIT_ONLY": "1"}),
-        ("quick", _pytest("quick", "fast or cli or canary", workers, results), {}),
+        ("unit", _pytest("unit", "unit", 1, results, extra), {"PT_UNIT_ONLY": "1"}),
+        ("quick", _pytest("quick", "fast or cli or canary", workers, results, extra), {}),
     ]
     rest = [("rest", _pytest("rest", "(slow or system) and not canary", workers,
-                                 results), {})]
+                                 results, extra), {})]
     return {"quick": quick, "rest": rest, "all": quick + rest}[tier]
 
 
@@ -79,13 +80,17 @@ def main(argv: list[str] | None = None) -> int:
                              "`make test-lowest` runs the tests alone at the declared floors)")
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="where the JUnit files and durations.txt go (default test-results)")
+    parser.add_argument("--ignore", action="append", default=[], metavar="PATH",
+                        help="a test file or folder to leave out (pytest's --ignore); again "
+                             "for more")
     args = parser.parse_args(argv)
     results = args.results if args.results.is_absolute() else ROOT / args.results
     results.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
     failed: list[str] = []
     quick_started = time.monotonic()
-    for name, command, env in _phases(args.tier, args.workers, args.static, results):
+    for name, command, env in _phases(args.tier, args.workers, args.static, results,
+                                     [f"--ignore={path}" for path in args.ignore]):
         print(f"\n== {name}: {' '.join(command[1:])}", flush=True)
         started = time.monotonic()
         code = subprocess.call(command, cwd=ROOT, env={**os.environ, **env})
