@@ -89,13 +89,13 @@ MUTANTS = [
            ("tests/run/test_guarded_training.py::"
             "test_a_missing_config_is_refused_before_the_run_directory_is_made",)),
     Mutant("the job records ray while running on the local worker", "tuner/api/job.py",
-           "        executor.chosen = choice.to_dict()\n",
-           '        executor.chosen = {**choice.to_dict(), "kind": "ray"}\n',
+           "        local.chosen = choice.to_dict()\n",
+           '        local.chosen = {**choice.to_dict(), "kind": "ray"}\n',
            ("tests/api/test_executor_said.py::"
             "test_the_local_choice_runs_the_local_worker_and_records_local",)),
     Mutant("the executor choice ignored: Ray for every tune", "tuner/api/job.py",
-           '    if choice.kind == "local":\n        executor = LocalProcessExecutor()\n',
-           '    if False:\n        executor = LocalProcessExecutor()\n',
+           '    if choice.kind == "local":\n        local = LocalProcessExecutor()\n',
+           '    if False:\n        local = LocalProcessExecutor()\n',
            ("tests/api/test_executor_said.py::"
             "test_the_local_choice_runs_the_local_worker_and_records_local",)),
 ]
