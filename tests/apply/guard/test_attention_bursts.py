@@ -27,12 +27,14 @@ WINDOW, READINGS = 16, 4
 ATTENTION = "attention"
 BURST_SHARE = 0.03   # rare: about one window in 33
 BURST = 1000.0       # a burst reading's size over a normal one's
+KEY_DIM = 8
+FLOAT16_MAX = 65504.0
 
 
 def build_model() -> keras.Model:
     inputs = keras.Input((WINDOW, READINGS))
     h = keras.layers.Dense(16, name="embed")(inputs)
-    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8, name=ATTENTION)(h, h)
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=KEY_DIM, name=ATTENTION)(h, h)
     h = keras.layers.Add(name="residual")([h, attended])
     h = keras.layers.LayerNormalization(name="norm")(h)
     h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
@@ -91,8 +93,17 @@ def test_the_scores_overflow_float16_on_the_burst_windows_only():
     output = np.asarray(model(x), "float32")[:, 0]
     assert not np.isfinite(output[bursts]).any()
     assert np.isfinite(output[~bursts]).all()
+    # Where: the projections fit float16, their product q . k (scaled as the layer scales it,
+    # by 1/sqrt(key_dim)) does not, and only on the burst windows.
+    attention = model.get_layer(ATTENTION)
     embedded = keras.Model(model.input, model.get_layer("embed").output)(x)
-    assert np.isfinite(np.asarray(embedded, "float32")).all()   # the scores overflow, not before
+    query, key = (np.asarray(dense(embedded), "float32")
+                  for dense in (attention.query_dense, attention.key_dense))
+    assert np.isfinite(query).all() and np.isfinite(key).all()
+    scores = np.einsum("bqhd,bkhd->bhqk", query / np.sqrt(KEY_DIM), key)
+    largest = np.abs(scores).max(axis=(1, 2, 3))
+    assert (largest[bursts] > FLOAT16_MAX).all()
+    assert (largest[~bursts] < FLOAT16_MAX).all()
 
 
 def test_float32_trains_and_unguarded_mixed_float16_fails(runs):
