@@ -119,6 +119,7 @@ def test_a_finalist_lost_in_the_re_measurement_is_named_and_float32_wins(tmp_pat
     # The search's trial built it once and the re-measurement trained that live model on,
     # where it struck.
     assert (tmp_path / "builds-mixed_bfloat16").read_text() == "x", output
+    assert (tmp_path / "struck").is_file(), output   # the fault struck (else: what ran)
     assert (tmp_path / "struck").read_text() == fault_name, output
     words = " ".join(completed.stdout.split())
     assert "lost #1 (mixed_bfloat16" in words and why in words, output
