@@ -2,19 +2,12 @@
 ceiling at the model's scale leaves no 16-bit dtype that could win, float32 after the baseline;
 where one is borderline, its trials; and a re-measurement that stops once nothing can clear."""
 
+from tests.run.test_decisions import WITH_FLOAT16 as SPACE
 from tests.support.scripted import Machine, ScriptedExecutor, scheduler_for, space_file
 from tuner.apply.config import compute_dtype_of
 from tuner.judging.ceiling_limit import dtype_ceilings, ruled_out
 from tuner.run.by_objective import winner_of
 from tuner.trial_types import FailureClass, TrialResult
-
-SPACE = """
-policies: [float32, mixed_float16, mixed_bfloat16]
-loss_scale: {kinds: [none, dynamic]}
-float32: {groups: [softmax]}
-trials: 7
-trial: {steps: 20, warmup_steps: 3}
-"""
 
 
 def ceiling(bfloat16: float, float16: float, spread: float = 0.03) -> dict:
@@ -131,17 +124,23 @@ def test_no_16bit_config_reaching_the_model_is_the_reason_float32_wins(tmp_path)
                                "re-measure"
 
 
+def _tunes_at(tmp_path, speed: float, seeds: int):
+    """One scripted tune per seed of a machine where 16-bit runs at ``speed`` times float32's,
+    a little drift and jitter, each in its own folder: (scheduler, outcome, executor)."""
+    for seed in range(seeds):
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / speed,
+                          drift=0.02, jitter=0.01, seed=seed)
+        yield tune(folder, machine, run_drift=0.06)
+
+
 def test_finalists_the_search_placed_below_float32_are_not_re_measured(tmp_path):
     """16-bit at 0.83x (the AVX2-only EPYC's bfloat16): one search run each mostly places it
     below float32 beyond a run's drift, so no round re-times it; one the search's noise keeps
     is let go by the rounds before their minimum (before: up to 8 rounds)."""
     skipped = 0
-    for seed in range(6):
-        folder = tmp_path / str(seed)
-        folder.mkdir()
-        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 0.83,
-                          drift=0.02, jitter=0.01, seed=seed)
-        scheduler, outcome, executor = tune(folder, machine, run_drift=0.06)
+    for scheduler, outcome, executor in _tunes_at(tmp_path, 0.83, seeds=6):
         assert outcome.winner is scheduler.baseline
         dropped = [n for n in outcome.notes
                    if "the search placed it below float32 beyond a run's 15% drift" in n]
@@ -157,12 +156,7 @@ def test_the_rounds_stop_before_their_minimum_once_no_finalist_can_clear(tmp_pat
     even the top of its interval, less the run-to-run drift a pick must also clear, is under
     float32 + 3%: the rounds stop there, not at the minimum of 4."""
     stopped_early = 0
-    for seed in range(4):
-        folder = tmp_path / str(seed)
-        folder.mkdir()
-        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 0.95,
-                          drift=0.02, jitter=0.01, seed=seed)
-        scheduler, outcome, executor = tune(folder, machine, run_drift=0.06)
+    for scheduler, outcome, executor in _tunes_at(tmp_path, 0.95, seeds=4):
         assert outcome.winner is scheduler.baseline
         rounds = len(scheduler.baseline.remeasured_rounds)
         if executor.remeasured:

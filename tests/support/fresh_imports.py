@@ -3,6 +3,7 @@ point to staying light (the CLI, ``from tuner import ...``, the version check) a
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -18,4 +19,4 @@ def loaded_after(statement: str, watched: tuple[str, ...] = HEAVY) -> list[str]:
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                timeout=120, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr
-    return eval(completed.stdout.strip().splitlines()[-1])  # a list of str, printed by repr
+    return ast.literal_eval(completed.stdout.strip().splitlines()[-1])
