@@ -171,6 +171,51 @@ def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
     assert result.losses == pytest.approx(replayed, rel=1e-6)
 
 
+@pytest.mark.parametrize("where", [
+    "tiny_mlp",                  # a compiled loss
+    "zoo/custom_metric",         # a compiled loss and a metric of the user's
+    "zoo/multi_io",              # two outputs, a loss each
+    "zoo/guide_train_step",      # its own train_step, updating the compiled metrics itself
+    "zoo/vae",                   # its own train_step and loss trackers
+    "zoo/add_loss",              # a layer's add_loss beside the compiled loss
+    "dcgan_by_hand",             # d_loss and g_loss from two optimizers
+])
+def test_resetting_the_metrics_inside_the_step_records_the_same_losses(where, task_path,
+                                                                       monkeypatch):
+    # The step recorder needs each step's own loss; the metrics are reset inside the compiled
+    # step (tuner.worker.trial.steps.reset_metrics_in_step) rather than eagerly before it.
+    from tuner.worker.trial import steps
+
+    path = str(ZOO / f"{where[4:]}.py") if where.startswith("zoo/") else task_path(where)
+    config = PrecisionConfig()
+    in_step = trial(path, config, steps=8)
+    with monkeypatch.context() as patch:
+        patch.setattr(steps, "reset_metrics_in_step", lambda model: False)
+        eager = trial(path, config, steps=8)
+    assert in_step.outcome is eager.outcome is TrialOutcome.COMPLETED, in_step.failure_message
+    assert in_step.losses == pytest.approx(eager.losses, rel=1e-5)
+    assert sorted(in_step.loss_terms) == sorted(eager.loss_terms)
+    for name, values in eager.loss_terms.items():
+        assert in_step.loss_terms[name] == pytest.approx(values, rel=1e-5), name
+    # Not a running mean: the losses vary from step to step as the replayed ones do.
+    assert len(set(in_step.losses)) > 1
+
+
+def test_a_model_traced_before_is_reset_eagerly(task_path):
+    from tuner.worker.task.task_loader import fixed_batches, load_task
+    from tuner.worker.trial.steps import fit_steps, reset_metrics_in_step
+
+    task = load_task(task_path("tiny_mlp"))
+    model = task.build_model()
+    model.compile(optimizer=task.optimizer(), loss=task.loss)
+    model.make_train_function()   # its training step made without the reset
+    assert reset_metrics_in_step(model) is False
+    fit_steps(model, fixed_batches(task, 2), 2)
+    fresh = task.build_model()
+    fresh.compile(optimizer=task.optimizer(), loss=task.loss)
+    assert reset_metrics_in_step(fresh) is True and reset_metrics_in_step(fresh) is True
+
+
 def test_divergence_is_located_by_replaying_the_same_steps(task_path):
     result = trial(task_path("overflow"), PrecisionConfig("mixed_float16"), steps=6)
     assert result.outcome is TrialOutcome.DIVERGED and result.first_non_finite_step is not None
