@@ -166,9 +166,9 @@ def test_the_rounds_stop_before_their_minimum_once_no_finalist_can_clear(tmp_pat
     assert stopped_early >= 3
 
 
-def test_the_rounds_spend_no_longer_than_the_search(tmp_path, monkeypatch):
+def test_the_rounds_spend_no_longer_than_half_the_time_before_them(tmp_path, monkeypatch):
     """Rounds that would go on (a 1.05x finalist, its interval across the bar; no settled or
-    target stop) end before the next round would pass the time the search's trials took."""
+    target stop) end before the next round would pass half the job's time before them."""
     import types
 
     from tuner.run import remeasure
@@ -188,9 +188,11 @@ def test_the_rounds_spend_no_longer_than_the_search(tmp_path, monkeypatch):
                               remeasurement=Remeasurement(max_rounds=50, target_half_width=0.0,
                                                           time_cap_s=240.0, settle=False))
     scheduler.run()
-    scheduler.clock.phases["trials"] = 30.0
+    scheduler.clock.phases.clear()
+    scheduler.clock.phases.update({"start-up": 10.0, "trials": 50.0})
     outcome = winner_of(scheduler)
-    assert "stopped by the 30 s time cap (the search's time" in outcome.notes[0], outcome.notes
+    assert "stopped by the 30 s time cap (half the job's time before the rounds" \
+        in outcome.notes[0], outcome.notes
     # Two readings a round (4 s) after the start: 7 rounds end at 28 s, and an eighth would
-    # pass 30 s, so the rounds stop within the search's time (not at 32 s, after it).
+    # pass 30 s, so the rounds stop within half the 60 s before them (not at 32 s, after it).
     assert len(scheduler.baseline.remeasured_rounds) == 7

@@ -47,7 +47,15 @@ class Remeasurement:
     """How the finalists are re-timed against float32 before a winner is named."""
 
     min_rounds: int = 4                 # 3 stopped early on lucky rounds (see tuner.judging.noise)
-    max_rounds: int = 8
+    max_rounds: int = 16
+    # Each run trains this share of a trial's steps (at least ``min_run_steps`` timed ones).
+    # Quarter-length runs cost a quarter and were far less than twice as noisy as whole ones:
+    # the spread of a round's log speedup grew 1.3-1.7x (benchmarks/run_length.py: audio_cnn,
+    # digits_mlp, house_prices, 2-core CPU), as much of it is the level moving between runs,
+    # not the steps inside one. For the time spent, the rounds' interval is then narrower and
+    # a stop is reached sooner.
+    run_share: float = 0.25
+    min_run_steps: int = 20
     target_half_width: float = 0.05     # stop adding rounds once the leader is known to +-5%
     time_cap_s: float = 240.0           # ... or once this long has been spent (after min_rounds)
     settle: bool = True                 # ... or once more rounds cannot change the pick

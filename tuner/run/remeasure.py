@@ -4,6 +4,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
 - The ``plan.finalists`` fastest stable trials and float32 run on one worker that has its node
   to itself (``executor.exclusive()``); a finalist the search placed clearly behind the leader
   or below float32 (``tuner.run.finalists``) is dropped first, with a line saying so.
+- Each run trains a quarter of a trial's steps (``Remeasurement.run_share``): much of a
+  round's spread is the level moving between runs, so short runs bring nearly as much a round.
 - Each config's model is built and traced once and kept alive in the worker; every later run
   trains it on (``tuner.worker.trial.live``), the float32 baseline trial's included.
 - A warm-up run of float32 comes first, discarded (a fresh worker's first run was 46% slow).
@@ -15,8 +17,9 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   even at its interval's top end (``none_can_clear``: also before ``min_rounds``, as it can
   only answer float32), or one finalist left clears it, or the leader's interval is within
   ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
-  ``max_rounds``, or after ``time_cap_s`` or as long as the search's trials took (never under
-  ``MIN_CAP_S``: verifying costs at most what finding did); the notes say which.
+  ``max_rounds``, or after ``time_cap_s`` or half the job's time before the rounds (start-up,
+  checks, search; never under ``MIN_CAP_S``: verifying costs at most a third of the time to
+  the pick); the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
@@ -27,6 +30,7 @@ over a longer run and, on fresh runs it was not chosen on, its speed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -53,7 +57,10 @@ from tuner.run.finalists import below_float32, clearly_behind, finalists_of, why
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.trial_types import TrialOutcome, TrialResult
 
-MIN_CAP_S = 10.0   # a search of a few seconds still leaves the rounds time for their minimum
+MIN_CAP_S = 5.0   # a search of a few seconds still leaves the rounds time beyond their minimum
+# The rounds spend at most this share of the job's time before them (start-up, checks, search):
+# verifying then costs at most a third of the wall time up to the pick.
+VERIFY_SHARE = 0.5
 
 
 @dataclass
@@ -161,11 +168,19 @@ class Rounds:
                             min_gain=self.plan.min_gain, rounds=rounds,
                             choose=self.choose_next, max_attempts=self.max_attempts)
 
+    def run_steps(self) -> int:
+        """Steps in one run: ``policy.run_share`` of a trial's, with at least
+        ``policy.min_run_steps`` timed after the warm-up steps, at most a trial's."""
+        plan, policy = self.plan, self.policy
+        share = math.ceil(plan.steps * policy.run_share)
+        return min(plan.steps, max(share, plan.warmup_steps + policy.min_run_steps))
+
     def _time(self, session, row: TrialRow) -> list[float] | None:
         """One run of ``row``'s config (on the model the session keeps alive for it: built and
         traced once); its timed steps, or None when the run failed. Stability was judged in
         the search: here a run counts unless it failed, diverged or timed nothing."""
-        spec = make_spec(self.plan, row.number, row.config)
+        spec = dataclasses.replace(make_spec(self.plan, row.number, row.config),
+                                   steps=self.run_steps())
         result = self.scheduler.account(session.run(spec, self.plan.trial_time_limit_s),
                                         phase="re-measurement")
         if not result.exclusive_timing:
@@ -262,9 +277,11 @@ class Rounds:
                               rounds=rounds)
 
     def _time_cap_s(self) -> float:
-        """The policy's cap, and no longer than the search's trials took (``MIN_CAP_S``)."""
-        search_s = self.scheduler.clock.phases.get("trials", 0.0)
-        return min(self.policy.time_cap_s, max(MIN_CAP_S, search_s))
+        """The policy's cap, and no longer than ``VERIFY_SHARE`` of the job's time before the
+        rounds (never under ``MIN_CAP_S``)."""
+        before_s = sum(seconds for phase, seconds in self.scheduler.clock.phases.items()
+                       if phase != "re-measurement")
+        return min(self.policy.time_cap_s, max(MIN_CAP_S, VERIFY_SHARE * before_s))
 
     def _limit_reason(self, rounds: int, elapsed_s: float, leader: TrialRow) -> str:
         """The stops that serve every objective: the leader's interval narrow enough, the
@@ -278,8 +295,9 @@ class Rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
         cap = self._time_cap_s()
         if elapsed_s >= cap:
-            return (f"the {cap:.0f} s time cap (the search's time, which another round would "
-                    f"pass; leader's interval +-{width:.1%})" if cap < policy.time_cap_s else
+            return (f"the {cap:.0f} s time cap (half the job's time before the rounds, which "
+                    f"another round would pass; leader's interval +-{width:.1%})"
+                    if cap < policy.time_cap_s else
                     f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
 
