@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
+import os
 import statistics
 import sys
 import time
@@ -84,7 +84,10 @@ def main() -> None:
 
     import_frameworks()
     sized = {"house_prices": 1132}
-    results = {"machine": platform.processor() or platform.machine(), "policy": args.policy,
+    from tuner.machine import machine_description
+
+    results = {"machine": f"{machine_description()}, {os.cpu_count()} cores",
+               "policy": args.policy,
                "taken": time.strftime("%Y-%m-%d %H:%M"), "examples": {}}
     for index, name in enumerate(args.examples):
         steps = args.steps[index] if args.steps else sized.get(name, 136)

@@ -59,6 +59,13 @@ def reset_metrics_in_step(model) -> bool:
     return True
 
 
+def _reset_unless_in_step(model) -> None:
+    """Reset ``model``'s metrics now where its compiled step does not
+    (``reset_metrics_in_step``)."""
+    if not getattr(model, _RESETS_IN_STEP, False):
+        model.reset_metrics()
+
+
 # The batches stacked into one tensor per leaf, per list of batches (the worker's cached
 # ``fixed_batches``): stacking them again for every run cost a live model's re-measurement run
 # more than its bookkeeping.
@@ -108,10 +115,9 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
     function and its conversion of the step's logs to Python numbers, which waits for the step
     to finish (so the time is the step's, not the time to queue it). Everything recorded here
-    (loss scales, optimizer iterations) is read outside that window. The model's metrics are
-    reset before each step, as ``fit`` does at an epoch's start, so the logged loss is that
-    step's loss and not a running mean (inside the compiled step where ``fit_steps`` could put
-    it there: ``reset_metrics_in_step``). A sized run (``spec.sizing``) stops once
+    (loss scales, optimizer iterations) is read outside that window. The metrics are reset
+    before each step (in it where ``fit_steps`` could: ``reset_metrics_in_step``), so the
+    logged loss is that step's, not a running mean. A sized run (``spec.sizing``) stops once
     ``tuner.judging.sizing.enough`` says so.
 
     Every loss the ``train_step`` returns is recorded (``step_losses``); with more than one
@@ -142,8 +148,7 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
             self.may_skip = [isinstance(optimizer, scaled) for _, optimizer in watched]
 
         def on_train_batch_begin(self, batch, logs=None):
-            if not getattr(self.model, _RESETS_IN_STEP, False):
-                self.model.reset_metrics()
+            _reset_unless_in_step(self.model)
             self.iterations = [applied_updates(optimizer) if skips else None
                                for (_, optimizer), skips in zip(watched, self.may_skip)]
             self.started = time.perf_counter()
