@@ -196,3 +196,26 @@ def test_the_rounds_spend_no_longer_than_half_the_time_before_them(tmp_path, mon
     # Two readings a round (4 s) after the start: 7 rounds end at 28 s, and an eighth would
     # pass 30 s, so the rounds stop within half the 60 s before them (not at 32 s, after it).
     assert len(scheduler.baseline.remeasured_rounds) == 7
+
+
+def test_the_rounds_run_a_quarter_of_a_trials_steps_with_twenty_timed_at_least(tmp_path):
+    """Much of a round's spread is the level moving between runs (benchmarks/run_length.py),
+    so a re-measurement run trains a quarter of a trial's steps; never fewer than 20 timed
+    after the warm-up, never more than a trial's."""
+    import dataclasses
+
+    warmup = space_file(tmp_path, SPACE).budget.warmup_steps
+    for steps, expected in ((200, 50), (60, warmup + 20), (20, 20)):
+        folder = tmp_path / str(steps)
+        folder.mkdir()
+        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 10.0,
+                          drift=0.02, seed=1)
+        executor = ScriptedExecutor(machine)
+        scheduler = scheduler_for(space_file(folder, SPACE), executor, folder, trials=4)
+        scheduler.plan = dataclasses.replace(scheduler.plan, steps=steps)
+        scheduler.run()
+        searched = len(executor.submitted)
+        winner_of(scheduler)
+        rounds = [spec for spec in executor.submitted[searched:] if spec.train_to is None]
+        assert rounds and {spec.steps for spec in rounds} == {expected}, (steps, rounds)
+        assert all(spec.steps == steps for spec in executor.submitted[:searched])
