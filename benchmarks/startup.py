@@ -50,8 +50,11 @@ task = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(task)
 data = task.train_data()
 model = task.build_model()
-optimizer = task.make_optimizer() if hasattr(task, "make_optimizer") else "adam"
-model.compile(optimizer=optimizer, loss=getattr(task, "LOSS", None))
+if hasattr(task, "compile_model"):   # a model with its own compile (a GAN): as it asks
+    task.compile_model(model, lambda optimizer: optimizer)
+else:
+    optimizer = task.make_optimizer() if hasattr(task, "make_optimizer") else "adam"
+    model.compile(optimizer=optimizer, loss=getattr(task, "LOSS", None))
 size = getattr(task, "BATCH_SIZE", 32)
 if isinstance(data, tf.data.Dataset):
     batch = next(iter(data))
