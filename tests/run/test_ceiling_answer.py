@@ -168,7 +168,8 @@ def test_the_rounds_stop_before_their_minimum_once_no_finalist_can_clear(tmp_pat
 
 def test_the_rounds_spend_no_longer_than_half_the_time_before_them(tmp_path, monkeypatch):
     """Rounds that would go on (a 1.05x finalist, its interval across the bar; no settled or
-    target stop) end before the next round would pass half the job's time before them."""
+    target stop) end before the next round would pass half the job's time before them, or the
+    search's own time where that is less."""
     import types
 
     from tuner.run import remeasure
@@ -181,21 +182,29 @@ def test_the_rounds_spend_no_longer_than_half_the_time_before_them(tmp_path, mon
         return clock[0]
 
     monkeypatch.setattr(remeasure, "time", types.SimpleNamespace(perf_counter=perf_counter))
-    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 1.05,
-                      drift=0.05, seed=4)
-    executor = ScriptedExecutor(machine)
-    scheduler = scheduler_for(space_file(tmp_path, SPACE), executor, tmp_path, trials=4,
-                              remeasurement=Remeasurement(max_rounds=50, target_half_width=0.0,
-                                                          time_cap_s=240.0, settle=False))
-    scheduler.run()
-    scheduler.clock.phases.clear()
-    scheduler.clock.phases.update({"start-up": 10.0, "trials": 50.0})
-    outcome = winner_of(scheduler)
-    assert "stopped by the 30 s time cap (half the job's time before the rounds" \
-        in outcome.notes[0], outcome.notes
-    # Two readings a round (4 s) after the start: 7 rounds end at 28 s, and an eighth would
-    # pass 30 s, so the rounds stop within half the 60 s before them (not at 32 s, after it).
-    assert len(scheduler.baseline.remeasured_rounds) == 7
+    # Half the 60 s before the rounds (30 s); then a search shorter than that half: its 22 s.
+    for phases, cap, rounds in (({"start-up": 10.0, "trials": 50.0}, 30, 7),
+                                ({"start-up": 38.0, "trials": 22.0}, 22, 5)):
+        folder = tmp_path / str(cap)
+        folder.mkdir()
+        clock[0] = 0.0
+        machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 1.05,
+                          drift=0.05, seed=4)
+        scheduler = scheduler_for(space_file(folder, SPACE), ScriptedExecutor(machine), folder,
+                                  trials=4,
+                                  remeasurement=Remeasurement(max_rounds=50,
+                                                              target_half_width=0.0,
+                                                              time_cap_s=240.0, settle=False))
+        scheduler.run()
+        scheduler.clock.phases.clear()
+        scheduler.clock.phases.update(phases)
+        outcome = winner_of(scheduler)
+        assert f"stopped by the {cap} s time cap (half the job's time before the rounds" \
+            in outcome.notes[0], outcome.notes
+        # Two readings a round (4 s) after the start: 7 rounds end at 28 s, and an eighth
+        # would pass 30 s, so the rounds stop within the cap (not at 32 s, after it); at 22 s,
+        # 5 rounds (20 s).
+        assert len(scheduler.baseline.remeasured_rounds) == rounds
 
 
 def test_the_rounds_run_a_quarter_of_a_trials_steps_with_twenty_timed_at_least(tmp_path):

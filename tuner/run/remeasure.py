@@ -18,8 +18,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   only answer float32), or one finalist left clears it, or the leader's interval is within
   ``target_half_width``, or more rounds cannot change the pick (``settled``), or at
   ``max_rounds``, or after ``time_cap_s`` or half the job's time before the rounds (start-up,
-  checks, search; never under ``MIN_CAP_S``: verifying costs at most a third of the time to
-  the pick); the notes say which.
+  checks, search) or the search's own time, whichever is less (never under ``MIN_CAP_S``:
+  verifying costs at most a third of the time to the pick); the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
@@ -278,10 +278,11 @@ class Rounds:
 
     def _time_cap_s(self) -> float:
         """The policy's cap, and no longer than ``VERIFY_SHARE`` of the job's time before the
-        rounds (never under ``MIN_CAP_S``)."""
-        before_s = sum(seconds for phase, seconds in self.scheduler.clock.phases.items()
-                       if phase != "re-measurement")
-        return min(self.policy.time_cap_s, max(MIN_CAP_S, VERIFY_SHARE * before_s))
+        rounds nor than the search's trials (never under ``MIN_CAP_S``)."""
+        phases = self.scheduler.clock.phases
+        before_s = sum(seconds for phase, seconds in phases.items() if phase != "re-measurement")
+        share = min(VERIFY_SHARE * before_s, phases.get("trials", 0.0))
+        return min(self.policy.time_cap_s, max(MIN_CAP_S, share))
 
     def _limit_reason(self, rounds: int, elapsed_s: float, leader: TrialRow) -> str:
         """The stops that serve every objective: the leader's interval narrow enough, the
@@ -295,8 +296,9 @@ class Rounds:
             return f"the {policy.max_rounds}-round cap (leader's interval +-{width:.1%})"
         cap = self._time_cap_s()
         if elapsed_s >= cap:
-            return (f"the {cap:.0f} s time cap (half the job's time before the rounds, which "
-                    f"another round would pass; leader's interval +-{width:.1%})"
+            return (f"the {cap:.0f} s time cap (half the job's time before the rounds, at most "
+                    f"the search's, which another round would pass; leader's interval "
+                    f"+-{width:.1%})"
                     if cap < policy.time_cap_s else
                     f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
