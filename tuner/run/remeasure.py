@@ -277,8 +277,7 @@ class Rounds:
                               rounds=rounds)
 
     def _time_cap_s(self) -> float:
-        """The policy's cap, and no longer than ``VERIFY_SHARE`` of the job's time before the
-        rounds nor than the search's trials (never under ``MIN_CAP_S``)."""
+        """The policy's cap, ``VERIFY_SHARE`` of the time before, or the search's: the least."""
         phases = self.scheduler.clock.phases
         before_s = sum(seconds for phase, seconds in phases.items() if phase != "re-measurement")
         share = min(VERIFY_SHARE * before_s, phases.get("trials", 0.0))
@@ -297,8 +296,7 @@ class Rounds:
         cap = self._time_cap_s()
         if elapsed_s >= cap:
             return (f"the {cap:.0f} s time cap (half the job's time before the rounds, at most "
-                    f"the search's, which another round would pass; leader's interval "
-                    f"+-{width:.1%})"
+                    f"the search's; leader's interval +-{width:.1%})"
                     if cap < policy.time_cap_s else
                     f"the {cap:.0f} s time cap (leader's interval +-{width:.1%})")
         return ""
