@@ -31,16 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 WARMUP = 5
-T95_3DOF = 3.182
-
-
-def median_ms(result: dict) -> float:
-    return statistics.median(result["step_times_ms"][WARMUP:])
 
 
 def measure(task: str, policy: str, lengths: list[int], seconds: float, repeats: int) -> list:
-    from tuner.trial_types import TrialSpec
+    """Rows per run length, each round's log speedup as the re-measurement reads it
+    (``round_log_ratios`` over the runs' timed steps)."""
+    from tuner.judging.noise import round_log_ratios, t_quantile
+    from tuner.trial_types import TrialResult, TrialSpec
     from tuner.worker.trial.live import run_live
+
+    def timed(name: str, steps: int) -> list[float]:
+        return TrialResult.from_dict(run_live(spec(*configs[name], steps))).timed_steps_ms
 
     def spec(number: int, config: str, steps: int) -> dict:
         return TrialSpec(number=number, task_path=task, config={"policy": config},
@@ -56,14 +57,14 @@ def measure(task: str, policy: str, lengths: list[int], seconds: float, repeats:
             ratios, started = [], time.perf_counter()
             while time.perf_counter() - started < seconds or len(ratios) < 4:
                 order = "AB" if len(ratios) % 4 in (0, 3) else "BA"
-                got = {name: median_ms(run_live(spec(*configs[name], steps))) for name in order}
-                ratios.append(math.log(got["A"] / got["B"]))
+                got = {name: timed(name, steps) for name in order}
+                ratios += round_log_ratios([got["A"]], [got["B"]])
             spread = statistics.stdev(ratios)
             rows.append({"steps": steps, "rounds": len(ratios),
                          "round_s": round((time.perf_counter() - started) / len(ratios), 3),
                          "speedup": round(math.exp(statistics.fmean(ratios)), 3),
                          "sd_log_ratio": round(spread, 4),
-                         "half_width_at_4_rounds": round(T95_3DOF * spread / 2, 4)})
+                         "half_width_at_4_rounds": round(t_quantile(3) * spread / 2, 4)})
             print(f"  {Path(task).stem} k={steps:5d}: sd {spread:.3f}, "
                   f"{rows[-1]['round_s']:.2f} s a round, {len(ratios)} rounds", flush=True)
     return rows
