@@ -174,20 +174,75 @@ def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
 @pytest.mark.parametrize("where", [
     "tiny_mlp",                  # a compiled loss
     "zoo/custom_metric",         # a compiled loss and a metric of the user's
-    "zoo/multi_io",              # two outputs, a loss each
     "zoo/guide_train_step",      # its own train_step, updating the compiled metrics itself
-    "zoo/vae",                   # its own train_step and loss trackers
-    "zoo/add_loss",              # a layer's add_loss beside the compiled loss
-    "dcgan_by_hand",             # d_loss and g_loss from two optimizers
+    # The rest in the slow tier: the quick tier keeps one of each way of computing the loss.
+    pytest.param("zoo/multi_io", marks=pytest.mark.slow),    # two outputs, a loss each
+    pytest.param("zoo/vae", marks=pytest.mark.slow),         # its own train_step and trackers
+    pytest.param("zoo/add_loss", marks=pytest.mark.slow),    # add_loss beside the compiled loss
+    pytest.param("dcgan_by_hand", marks=pytest.mark.slow),   # d_loss, g_loss, two optimizers
 ])
 def test_resetting_the_metrics_inside_the_step_records_the_same_losses(where, task_path,
                                                                        monkeypatch):
     # The step recorder needs each step's own loss; the metrics are reset inside the compiled
     # step (tuner.worker.trial.steps.reset_metrics_in_step) rather than eagerly before it.
+    path = str(ZOO / f"{where[4:]}.py") if where.startswith("zoo/") else task_path(where)
+    _same_losses_reset_in_step_or_eagerly(path, PrecisionConfig(), monkeypatch)
+
+
+_JIT_TASK = """
+import keras
+import numpy as np
+
+BATCH_SIZE = 32
+
+
+def build_model():
+    {build}
+
+
+def compile_model(model, wrap_optimizer):
+    model.compile(optimizer=wrap_optimizer(keras.optimizers.Adam(1e-3)),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile={jit})
+
+
+def train_data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(256, 12)).astype("float32"), rng.integers(0, 3, 256)
+"""
+
+
+def _small_model():
+    import keras
+
+    inputs = keras.Input(shape=(12,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+
+@pytest.mark.slow
+def test_the_reset_inside_the_step_holds_under_xla_and_for_a_model_loaded_from_a_file(
+        tmp_path, monkeypatch):
+    # As a GPU compiles by default (jit_compile=True, exercised here on the CPU), and a model
+    # the user saved (a .keras file, loaded uncompiled); each under a mixed policy too.
+    model_file = tmp_path / "saved.keras"
+    _small_model().save(model_file)
+    tasks = {"xla": ("inputs = keras.Input(shape=(12,))\n"
+                     "    hidden = keras.layers.Dense(16, activation='relu')(inputs)\n"
+                     "    return keras.Model(inputs, keras.layers.Dense(3, "
+                     "activation='softmax')(hidden))", True),
+             "loaded": (f"return keras.models.load_model({str(model_file)!r}, compile=False)",
+                        False)}
+    for name, (build, jit) in tasks.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(_JIT_TASK.format(build=build, jit=jit))
+        for config in (PrecisionConfig(), PrecisionConfig("mixed_bfloat16")):
+            _same_losses_reset_in_step_or_eagerly(str(path), config, monkeypatch)
+
+
+def _same_losses_reset_in_step_or_eagerly(path, config, monkeypatch):
     from tuner.worker.trial import steps
 
-    path = str(ZOO / f"{where[4:]}.py") if where.startswith("zoo/") else task_path(where)
-    config = PrecisionConfig()
     in_step = trial(path, config, steps=8)
     with monkeypatch.context() as patch:
         patch.setattr(steps, "reset_metrics_in_step", lambda model: False)
