@@ -100,11 +100,14 @@ $(LOWEST_STAMP): pyproject.toml .ci/lowest_requirements.py
 # The documentation's build is left out there: the docs' tools are the newest, not floored, and
 # on Python 3.10 pip pairs mkdocstrings with a pymdown-extensions it cannot run with.
 # The floors' own checks first (a loaded model trained under the guard; the seam's version
-# differences; the range itself), then the quick tier, then one real tune with two trials side
-# by side (Ray 2.40's workers, Optuna 5.0's study, MLflow 3.9's store).
+# differences; the range itself; the service's lock: MLflow's authentication starts, and a Ray
+# without token authentication refuses to serve beyond loopback), then the quick tier, then
+# one real tune with two trials side by side (Ray 2.40's workers, Optuna 5.0's study, MLflow
+# 3.9's store).
 test-lowest: setup-lowest
 	$(LOWEST_BIN)/python -m pytest -q tests/apply/guard/test_guarded_apply_loaded.py \
-		tests/apply/test_keras_internals.py tests/project/test_dependency_ranges.py
+		tests/apply/test_keras_internals.py tests/project/test_dependency_ranges.py \
+		tests/service/test_mlflow_auth.py tests/service/test_beyond_loopback.py
 	$(LOWEST_BIN)/python -m tests.support.tier_run quick --workers $(TEST_WORKERS) --no-static \
 		--results test-results/lowest --quick-budget 0 --ignore tests/project/test_docs.py
 	rm -rf runs/lowest

@@ -7,13 +7,14 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
 
 from tests.conftest import ROOT, TASKS
 from tuner import job_context
-from tuner.cli import jobs as job_commands
+from tuner.cli import submit as job_commands
 from tuner.cli.app import build_parser, main
 from tuner.errors import UsageError
 from tuner.service import client as jobs
@@ -90,23 +91,32 @@ def test_resume_takes_the_job_s_own_flags(capsys):
         capsys.readouterr().err
 
 
-def test_the_entrypoint_copies_the_files_then_execs_tune_on_the_cluster():
-    command = jobs.entrypoint(task_name="my task.py", space_name="space.yaml",
-                              run_root="/srv/svc/jobs/j1", tracking_uri="http://h:5000",
-                              tune_args=["--trials", "4", "--space", "/srv/svc/jobs/j1/task/"
-                                         "space.yaml"], resume=False)
-    copy, tune = command.split(" && ", 1)[0], command.split(" && ")[-1]
-    assert copy == "mkdir -p /srv/svc/jobs/j1/task"
-    assert "cp 'my task.py' space.yaml /srv/svc/jobs/j1/task/" in command
-    assert tune.startswith("exec python -m tuner.cli.handoff tune "
-                           "'/srv/svc/jobs/j1/task/my task.py' "
-                           "--trials 4 --space /srv/svc/jobs/j1/task/space.yaml ")
-    assert "--run-dir /srv/svc/jobs/j1/run --ray-address auto --tracking-uri http://h:5000" \
-        in tune
-    resumed = jobs.entrypoint(task_name="t.py", space_name=None, run_root="/r",
-                              tracking_uri="http://h:5000", tune_args=[], resume=True)
-    assert resumed.startswith("exec python -m tuner.cli.handoff tune /r/task/t.py --run-dir /r/run")
-    assert resumed.endswith(" --resume") and "cp " not in resumed
+def test_a_driver_left_from_a_killed_head_is_ended_before_its_job_is_queued_again(tmp_path):
+    """Ray starts an entrypoint in a session of its own, so it outlives the head's processes:
+    the restart ends that session (the driver and its child) before the job runs again."""
+    from tuner.service import job_book
+
+    intake = tmp_path / "queue" / "job-1"
+    intake.mkdir(parents=True)
+    driver = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', "
+                               "'import time; time.sleep(120)']); time.sleep(120)",
+                               "tuner.cli.handoff"], start_new_session=True)
+    (intake / job_book.DRIVER_PID).write_text(f"{driver.pid}\n")
+    job = job_book.BookedJob("job-1", intake, tmp_path / "jobs" / "job-1", {}, 0.0)
+    time.sleep(0.5)
+    assert job_book.end_leftover_driver(job)
+    assert driver.wait(timeout=20) is not None
+    assert not (intake / job_book.DRIVER_PID).exists()
+    listed = subprocess.run(["pgrep", "-s", str(driver.pid)], capture_output=True, text=True)
+    left = [pid for pid in listed.stdout.split() if not job_book._zombie(int(pid))]
+    assert left == []                                      # its child went with it
+    # a pid since taken by another process is left alone
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    (intake / job_book.DRIVER_PID).write_text(f"{other.pid}\n")
+    assert not job_book.end_leftover_driver(job)
+    assert other.poll() is None
+    other.kill()
 
 
 def test_job_tags_come_from_the_job_environment(monkeypatch):

@@ -20,12 +20,21 @@ def cli(*args, env=None, timeout=300):
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, port)) == 0
+
+
 def main(host: str, folder: str) -> None:
     seen: dict = {}
     started = cli("service", "start", "--dir", folder, "--host", host, "--num-cpus", "2",
                   timeout=240)
     seen["start"] = [started.returncode, started.stdout[-3000:] + started.stderr[-3000:]]
     if started.returncode != 0:
+        seen["listening"] = [port for port in (8265, 5000, 6379) if _listening(host, port)]
         print(json.dumps(seen))
         return
     try:

@@ -8,8 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuner.cli import jobs
-from tuner.cli.jobs import FORWARDED
+from tuner.cli import jobs, submit
+from tuner.cli.submit import FORWARDED
 from tuner.cli.tune_parser import add_tune_parser, options_from
 from tuner.dependency_versions import refuse_if_unsupported
 from tuner.errors import TunerError, UsageError
@@ -139,8 +139,10 @@ def _add_bench_parser(commands) -> None:
 
 _SERVICE_EPILOG = """\
 The service is a Ray cluster (its job server takes the jobs) plus an MLflow tracking
-server (every job's trials). Loopback by default; bound elsewhere (--host), both ends
-require the token written to DIR/auth_token.
+server (every job's trials). Jobs beyond --max-running wait queued, in the order they came,
+holding no process; queued and running jobs are queued again by the next `service start`
+after `service stop` or a crash. Loopback by default; bound elsewhere (--host), both ends
+require the token written to DIR/auth_token (with Ray 2.52 or newer).
 """
 
 
@@ -181,6 +183,15 @@ def _add_service_parser(commands) -> None:
                             "per CPU; 0: neither, each job starts its own]")
     start.add_argument("--auth", action="store_true",
                        help="require the token on loopback too")
+    start.add_argument("--max-running", type=positive_int, metavar="N",
+                       help="jobs run at once; the rest wait queued, in submission order "
+                            "[default: one per warm worker of the head (per CPU without a "
+                            "pool); 1 on a node with GPUs]")
+    start.add_argument("--max-job-mib", type=positive_int, metavar="MIB",
+                       help="largest job (task, data and space file) a submit may send "
+                            "[default: 512]")
+    start.add_argument("--max-queued-per-user", type=positive_int, metavar="N",
+                       help="jobs one submitter may have waiting at once [default: 32]")
     for action in ("stop", "status"):
         parser = actions.add_parser(action, help=f"{action} the service in --dir")
         parser.add_argument("--dir", type=Path, default=Path("service"),
@@ -271,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
         from tuner.cli import service_commands
 
         return service_commands.run(args)
-    job_commands = {"submit": jobs.submit, "jobs": jobs.list_jobs, "status": jobs.status,
+    job_commands = {"submit": submit.submit, "jobs": jobs.list_jobs, "status": jobs.status,
                     "logs": jobs.logs, "stop": jobs.stop, "fetch": jobs.fetch}
     if args.command in job_commands:
         return job_commands[args.command](args)

@@ -1,7 +1,13 @@
 """A service job's entrypoint: ``python -m tuner.cli.handoff ARGV...`` runs
 ``precision-tuner ARGV...`` in one of the service's spare drivers (tuner.cli.spare),
-or, where none is ready, as a process of its own (``exec python -m tuner``, marked by an empty
-``DIR/drivers/PID.own`` so that the keeper waits for it too), with the same result.
+or, where none is ready, as a child process of its own (``python -m tuner``, marked by an
+empty ``DIR/drivers/PID.own`` so that the keeper waits for it too), with the same result.
+
+Around it, the job's page in the service's book (tuner.service.job_book): a job stopped while
+it waited, or whose turn comes while the service stops, does not start; the task's files are
+copied from the book into the job's run root; a run that began before (a job queued again
+after a restart, ``submit --resume``) is resumed; how the driver ended is written down, so
+that a restart queues again only what had not ended.
 
 It claims a spare by renaming its socket (``PID.ready`` -> ``PID.claimed``: one rename wins;
 where none is ready but one is still importing, it waits for that one, up to 20 s),
@@ -17,15 +23,18 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tuner.service.contract import CLAIMED, DRIVERS, OWN, READY, STARTING, live_markers
+from tuner.service.job_book import RunningJob
 
 # How long a job waits for a spare that is still importing before it imports on its own.
 STARTING_WAIT_S = 20.0
 _POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1        # prctl(2): the signal a process gets when its parent ends
 
 
 def _claim(folder: Path, wait_s: float = STARTING_WAIT_S) -> socket.socket | None:
@@ -75,16 +84,26 @@ def _lines(connection: socket.socket):
 
 
 def main(argv: list[str]) -> int:
+    job = RunningJob.from_environment()
+    if job is not None:
+        why = job.why_not_start()
+        if why is not None:
+            print(f"precision-tuner: the job did not start: {why}", file=sys.stderr)
+            return 0
+        if job.prepare() and "--resume" not in argv:
+            argv = [*argv, "--resume"]      # its run began before: queued again, or resumed
+    rc = _run(argv)
+    if job is not None:
+        job.ended(rc)
+    return rc
+
+
+def _run(argv: list[str]) -> int:
     service_dir = os.environ.get("PRECISION_TUNER_SERVICE_DIR")
     folder = Path(service_dir) / DRIVERS if service_dir else None
     connection = _claim(folder) if folder else None
     if connection is None:
-        if folder is not None:
-            try:          # the same pid after exec: the keeper sees the job run until it ends
-                (folder / f"{os.getpid()}{OWN}").touch()
-            except OSError:
-                pass
-        os.execv(sys.executable, [sys.executable, "-m", "tuner", *argv])
+        return _run_own(folder, argv)
     job = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(connection, [json.dumps(job).encode()], [0, 1, 2])
     replies = _lines(connection)
@@ -108,6 +127,37 @@ def main(argv: list[str]) -> int:
     print("precision-tuner: failed: the job's driver process ended without a status (killed?)",
           file=sys.stderr)
     return 1
+
+
+def _run_own(folder: Path | None, argv: list[str]) -> int:
+    """``precision-tuner ARGV`` as a child process (not ``exec``: this process writes the job's
+    outcome when it ends). Ray's stop signal reaches the child itself (Ray signals every
+    process under the entrypoint), so this one ignores it rather than pass a second one on,
+    which would interrupt the child's closing of its records."""
+    if folder is not None:
+        try:          # this pid lives as long as the job: the keeper sees the job run
+            (folder / f"{os.getpid()}{OWN}").touch()
+        except OSError:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-m", "tuner", *argv],
+                             preexec_fn=_default_signals)
+    return child.wait()
+
+
+def _default_signals() -> None:
+    """In the child, before it runs: the default signal handling back, and (on Linux) its
+    end with this process's, as when it was this process (``exec``): a killed entrypoint
+    never leaves a driver running on its own."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):     # not Linux: the child outlives a killed parent
+        pass
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
-"""The job commands: ``submit``, ``jobs``, ``status``, ``logs``, ``stop``, ``fetch``, and the
-service's UI links (tuner.service.client talks to the service)."""
+"""The job commands: ``jobs``, ``status``, ``logs``, ``stop``, ``fetch``, and the service's UI
+links (tuner.service.client talks to the service); ``submit`` is tuner.cli.submit's."""
 
 from __future__ import annotations
 
 import datetime
 import getpass
-import json
 import os
 import sys
 import tempfile
@@ -15,99 +14,13 @@ from typing import Any
 
 from tuner import job_context
 from tuner.apply.config import PrecisionConfig
-from tuner.cli.tune_parser import options_from
 from tuner.errors import UsageError, first_line
-from tuner.execution.task_shipping import data_file_of
 from tuner.records.mlflow_stores import TRIALS_QUERY
-from tuner.run.option_checks import option_fields
-from tuner.run.options import TuneOptions
-from tuner.run.plan import resolve
-from tuner.run.task_file import check_task_file
-from tuner.service.client import Service, entrypoint, is_space_file, job_tune_args, new_job_id
-from tuner.service.contract import JOB_KIND
-
-# tune options that a job passes on as given (the rest -- run directory, tracking, Ray address,
-# output -- are the service's business: ``Option.forwarded``).
-_FORWARDED = [option for option in option_fields(TuneOptions) if option.option.forwarded]
-FORWARDED = tuple(option.name for option in _FORWARDED)
-
-
-# -- submit --------------------------------------------------------------------------------
-def forwarded_flags(args) -> list[str]:
-    """The tune flags the user gave, as command-line words (defaults left out)."""
-    words: list[str] = []
-    for option in _FORWARDED:
-        value = getattr(args, option.name)
-        if value is None or value is False or value == option.default:
-            continue
-        words += [option.flag] if value is True else [option.flag, str(value)]
-    return words
-
-
-def check_submission(args) -> tuple[Path, Path | None]:
-    """Everything ``tune`` would refuse, refused here, before anything is sent: the same
-    one-line messages, exit code 2. Returns the task file and the space file (if a file)."""
-    task_path = check_task_file(args.task)
-    if args.resume_job:
-        return task_path, None
-    # The very options tune would resolve (the run directory and tracking are the service's).
-    resolve(options_from(args, run_dir=Path(".")), None)
-    space_file = Path(args.space).resolve() if is_space_file(args.space) else None
-    return task_path, space_file
-
-
-def submit(args) -> int:
-    task_path, space_file = check_submission(args)
-    user_flags = forwarded_flags(args)
-    if args.resume_job and user_flags:
-        raise UsageError(f"--resume {args.resume_job} continues that job with its own flags; "
-                         f"drop {' '.join(user_flags)}")
-    service = Service(args)
-    if args.worker_cpus != 1 and service.record.get("warm_workers", "0") != "0":
-        raise UsageError(f"--worker-cpus {args.worker_cpus}: this service lends warm workers "
-                         "of 1 CPU each, which hold its nodes' CPUs. Drop --worker-cpus, or "
-                         "start the service with --warm-workers 0.")
-    job_id = new_job_id(task_path)
-    resumes = ""
-    if args.resume_job:
-        old = service.recorded_job(args.resume_job)
-        if old["task"] != task_path.name:
-            raise UsageError(f"--resume {args.resume_job} tuned {old['task']!r}, not "
-                             f"{task_path.name!r}. Pass that task file.")
-        if old["running"]:
-            raise UsageError(f"--resume {args.resume_job}: that job is still "
-                             f"{old['status']}. Stop it first (`precision-tuner stop "
-                             f"{args.resume_job}`).")
-        run_root, tune_args = old["run_root"], old["tune_args"]
-        user_flags, resumes = old["flags"], args.resume_job
-    else:
-        run_root = f"{service.record['service_dir']}/jobs/{job_id}"
-        tune_args = job_tune_args(user_flags, run_root)
-    submitter = getpass.getuser()
-    metadata = {"precision_tuner": JOB_KIND, "task": task_path.name, "submitted_by": submitter,
-                "flags": " ".join(user_flags) or "-", "flags_json": json.dumps(user_flags),
-                "tune_args": json.dumps(tune_args), "run_root": run_root,
-                "resumes": resumes or "-"}
-    env_vars = {job_context.JOB_ID_ENV: job_id, job_context.SUBMITTER_ENV: submitter,
-                job_context.FLAGS_ENV: json.dumps(user_flags),
-                job_context.WORKER_CPUS_ENV: str(args.worker_cpus),
-                "PYTHONUNBUFFERED": "1"}
-    if resumes:
-        env_vars[job_context.RESUMES_ENV] = resumes
-    data = data_file_of(task_path, task_path.read_text())   # tune()'s objects, beside the task
-    files = {path.name: path.read_bytes() for path in (task_path, space_file, data) if path}
-    command = entrypoint(task_name=task_path.name,
-                         space_name=space_file.name if space_file else None,
-                         run_root=run_root, tracking_uri=service.tracking_uri,
-                         tune_args=tune_args, resume=bool(resumes))
-    service.server.submit(entrypoint=command, submission_id=job_id, metadata=metadata,
-                          env_vars=env_vars, files=files)
-    print(job_id)
-    print(f"submitted {task_path.name} as job {job_id}"
-          + (f" (resuming {resumes})" if resumes else "")
-          + f"; watch it: precision-tuner status {job_id} / logs {job_id} --follow",
-          file=sys.stderr)
-    return 0
+from tuner.service import job_book
+from tuner.service.client import (
+    Service,
+)
+from tuner.service.limits import ServiceLimits
 
 
 # -- watching ------------------------------------------------------------------------------
@@ -126,10 +39,20 @@ def list_jobs(args) -> int:
     service = Service(args)
     for line in service.close_orphans():
         print(line, file=sys.stderr)
+    jobs = service.tuning_jobs()
+    queue = service.queue(jobs)
+    places = {job.submission_id: place for place, job in enumerate(queue, start=1)}
     rows = [("JOB", "TASK", "BY", "STATUS", "TRIALS", "BEST SO FAR", "SUBMITTED")]
-    for info in service.tuning_jobs():
-        progress = service.progress(info.submission_id)
+    for info in jobs:
         status = info.status.value
+        if status == "PENDING":   # waiting for a turn: no run, nothing to ask MLflow
+            status = (f"QUEUED ({places[info.submission_id]} of {len(queue)})"
+                      if info.submission_id in places else "STOPPED (left the queue)")
+            rows.append((info.submission_id, info.metadata.get("task", "?"),
+                         info.metadata.get("submitted_by", "?"), status, "-", "-",
+                         _when(info.start_time)))
+            continue
+        progress = service.progress(info.submission_id)
         if status == "RUNNING" and (progress["phase"] or "").startswith("waiting"):
             status = "RUNNING (waiting for a node)"
         rows.append((info.submission_id, info.metadata.get("task", "?"),
@@ -140,6 +63,10 @@ def list_jobs(args) -> int:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
     if len(rows) == 1:
         print("(no jobs yet: precision-tuner submit TASK.py)")
+    else:
+        running = sum(1 for job in jobs if job.status.value == "RUNNING")
+        print(f"({running} running of the service's {ServiceLimits.of(service.record).turns} "
+              f"at once, {len(queue)} queued: they start in this order)")
     return 0
 
 
@@ -161,8 +88,11 @@ def failure_reason(service: Service, info) -> str | None:
 def status(args) -> int:
     service = Service(args)
     info = service.job(args.job)
-    progress = service.progress(args.job)
     meta = info.metadata
+    if info.status.value == "PENDING":
+        print("\n".join(_queued_lines(service, info)))
+        return 0
+    progress = service.progress(args.job)
     lines = [f"job {info.submission_id}: {info.status.value}",
              f"  task: {meta.get('task')}  submitted by: {meta.get('submitted_by')}  "
              f"flags: {meta.get('flags')}",
@@ -181,6 +111,27 @@ def status(args) -> int:
                      f"{parent.info.experiment_id}/runs/{parent.info.run_id}")
     print("\n".join(lines))
     return 0
+
+
+def _queued_lines(service: Service, info) -> list[str]:
+    """A waiting job: its place in the queue and what it waits for."""
+    meta = info.metadata
+    jobs = service.tuning_jobs()
+    queue = [job.submission_id for job in service.queue(jobs)]
+    head = [f"  task: {meta.get('task')}  submitted by: {meta.get('submitted_by')}  "
+            f"flags: {meta.get('flags')}", f"  submitted: {_when(info.start_time)}"]
+    if info.submission_id not in queue:
+        return [f"job {info.submission_id}: STOPPED while it waited (it leaves Ray's queue "
+                "when its turn comes, without starting)", *head]
+    running = [job.submission_id for job in jobs if job.status.value == "RUNNING"]
+    turns = ServiceLimits.of(service.record).turns
+    place = queue.index(info.submission_id) + 1
+    return [f"job {info.submission_id}: QUEUED, {place} of {len(queue)} in line", *head,
+            f"  waits for: one of the service's {turns} job turn(s), held by "
+            + (", ".join(running) if running else "jobs starting now")
+            + (f"; {place - 1} queued job(s) go first" if place > 1 else "; it goes next"),
+            f"  it holds no process until then; `precision-tuner stop {info.submission_id}` "
+            "takes it out of the queue"]
 
 
 def logs(args) -> int:
@@ -202,13 +153,24 @@ def logs(args) -> int:
 
 def stop(args) -> int:
     """Stop a job: Ray sends it SIGINT, ``tune`` closes its records as it does on Ctrl-C
-    (finished trials kept, the running one ended as killed); nothing else is touched."""
+    (finished trials kept, the running one ended as killed); nothing else is touched. A
+    queued job leaves the queue: it never starts."""
     service = Service(args)
     info = service.job(args.job)
     if info.status.is_terminal():
         print(f"job {args.job} already ended: {info.status.value}")
         return 0
+    # In the service's book first, so that no restart queues it again (tuner.service.job_book).
+    service.intake.put_text(job_book.artifact_path(args.job, job_book.STOP_REQUESTED),
+                            f"stopped by {getpass.getuser()}\n")
     service.jobs.stop_job(args.job)
+    if info.status.value == "PENDING":
+        # Ray ends a waiting job when its turn comes; its entrypoint sees the request and
+        # exits without starting anything.
+        print(f"job {args.job}: taken out of the queue before it started (nothing ran, "
+              f"nothing recorded). Submit it again: precision-tuner submit "
+              f"{info.metadata.get('task')}")
+        return 0
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         info = service.jobs.get_job_info(args.job)

@@ -8,7 +8,8 @@ import time
 from tuner.service import server as service
 from tuner.service.client import Service
 from tuner.service.contract import JOB_KIND, client_for
-from tuner.service.server import pool_line
+from tuner.service.limits import ServiceLimits
+from tuner.service.warm_side import pool_line, spares_line
 
 
 def run(args) -> int:
@@ -21,7 +22,10 @@ def _start(args) -> int:
                                   dashboard_port=args.dashboard_port,
                                   mlflow_port=args.mlflow_port, num_cpus=args.num_cpus,
                                   auth=True if args.auth else None,
-                                  warm_workers=args.warm_workers)
+                                  warm_workers=args.warm_workers,
+                                  limits={"max_running": args.max_running,
+                                          "max_job_mib": args.max_job_mib,
+                                          "max_queued_per_user": args.max_queued_per_user})
     token = service.token_path(args.dir.resolve()) if info.auth else None
     if not started:
         print(f"precision-tuner service: already running in {info.dir} (started "
@@ -30,9 +34,10 @@ def _start(args) -> int:
         print(f"precision-tuner service: started in {time.perf_counter() - began:.1f} s")
     for line in service.describe(info, token):
         print(line)
+    print(limits_line(info))
     if started and info.pool is not None:
         print(pool_line(info.pool))
-        print(service.spares_line(info))
+        print(spares_line(info))
     if started:
         _close_orphans(info, token)
     return 0
@@ -58,9 +63,16 @@ def _stop(args) -> int:
         return 0
     service.stop(args.dir)
     print(f"precision-tuner service: stopped (Ray head and MLflow server in {info.dir}); jobs "
-          "still running were stopped first (resume them with `submit TASK --resume JOB` "
-          "once the service runs again)")
+          "still running were stopped first, their finished trials kept: the next `service "
+          "start` queues them again, with the jobs still queued, in their order")
     return 0
+
+
+def limits_line(info) -> str:
+    limits = ServiceLimits.of(info.limits or {})
+    return (f"  jobs at once: {limits.turns} (the rest wait queued, in the order they came); "
+            f"a job up to {limits.max_job_mib} MiB; up to {limits.max_queued_per_user} "
+            "queued a submitter")
 
 
 def _status(args) -> int:
@@ -79,12 +91,14 @@ def _status(args) -> int:
                 if (j.metadata or {}).get("precision_tuner") == JOB_KIND]
         counts: dict[str, int] = {}
         for job in jobs:
-            counts[job.status.value] = counts.get(job.status.value, 0) + 1
+            state = "QUEUED" if job.status.value == "PENDING" else job.status.value
+            counts[state] = counts.get(state, 0) + 1
         print("  jobs: " + (", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
                             or "none yet"))
     except Exception as exc:  # noqa: BLE001 - status still says what it knows
         print(f"  jobs: cannot list them ({type(exc).__name__})")
+    print(limits_line(info))
     for line in service.pool_status(info):
         print(line)
-    print(service.spares_line(info))
+    print(spares_line(info))
     return 0

@@ -33,7 +33,6 @@ import sys
 import time
 from typing import Callable
 
-from tuner.errors import TrialInfrastructureError
 from tuner.execution.pool_keeper import KEEPER, NAMESPACE, keeper_class
 
 _POLL_S = 0.5
@@ -58,20 +57,18 @@ class Lender:
         self.keeper = keeper
         self.holder = f"{label}|{os.getpid()}|{socket.gethostname()}"
 
-    def borrow(self, count: int, announce: Callable[[str], None] | None,
-               wait_s: float = 600.0) -> list[tuple]:
-        """At least one and up to ``count`` warm workers, waiting while others hold all."""
+    def borrow(self, count: int, announce: Callable[[str], None] | None) -> list[tuple]:
+        """At least one and up to ``count`` warm workers, waiting while others hold all. A
+        job waits as long as it takes, never failing for it: the service runs no more jobs
+        at once than it has workers (its job turns, tuner.service.limits), and the keeper
+        takes back the workers of a job whose driver died."""
         import ray
 
-        deadline, said = time.monotonic() + wait_s, False
+        said = False
         while True:
             lent = ray.get(self.keeper.borrow.remote(self.holder, count), timeout=60)
             if lent:
                 return lent
-            if time.monotonic() > deadline:
-                raise TrialInfrastructureError(
-                    f"no warm worker of the service came free within {wait_s:.0f} s (other "
-                    "jobs hold them all); submit the job again later")
             if not said and announce is not None:
                 announce("waiting for a warm worker: other jobs hold all of the service's")
                 said = True

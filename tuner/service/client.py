@@ -29,6 +29,7 @@ from typing import Any
 
 from tuner import job_context
 from tuner.errors import ServiceOutage, UsageError, first_line
+from tuner.service import job_book
 from tuner.service.contract import (
     JOB_KIND,
     MLFLOW_USER,
@@ -37,6 +38,7 @@ from tuner.service.contract import (
     TOKEN_ENV,
     client_for,
 )
+from tuner.service.intake import Intake
 from tuner.service.job_server import JobServer
 
 
@@ -195,6 +197,24 @@ class Service:
             closed.append(f"closed job {job_id}'s MLflow run as {status}: {why}")
         return closed
 
+    @functools.cached_property
+    def intake(self) -> Intake:
+        """The service's book, through its MLflow server (tuner.service.intake)."""
+        return Intake(self.tracking_uri, self.token)
+
+    def stop_requested(self, job_id: str) -> bool:
+        """A user stopped the job (it may still be PENDING in Ray until its turn comes, when
+        its entrypoint ends at once without starting it)."""
+        folder = job_book.artifact_path(job_id, "").rstrip("/")
+        return job_book.STOP_REQUESTED in self.intake.names(folder)
+
+    def queue(self, jobs: list | None = None) -> list:
+        """The jobs waiting for a turn, first in line first (Ray starts them in the order
+        they came), those stopped while they waited left out."""
+        jobs = self.tuning_jobs() if jobs is None else jobs
+        return [job for job in jobs if job.status.value == "PENDING"
+                and not self.stop_requested(job.submission_id)]
+
     def tuning_jobs(self) -> list:
         jobs = [j for j in self.jobs.list_jobs()
                 if (j.metadata or {}).get("precision_tuner") == JOB_KIND]
@@ -262,24 +282,26 @@ def job_tune_args(flags: list[str], run_root: str) -> list[str]:
     return words
 
 
-def entrypoint(*, task_name: str, space_name: str | None, run_root: str, tracking_uri: str,
-               tune_args: list[str], resume: bool) -> str:
-    """The shell command the job runs on the cluster: copy the job's files next to its run
-    directory (so a resubmission finds them at the same path), then ``precision-tuner tune``
-    through tuner.cli.handoff (``exec``: Ray's stop signal reaches it, and it passes the
-    signal on), which runs it in one of the service's spare drivers where one is ready."""
-    quote = shlex.quote
-    task_dir = f"{run_root}/task"
-    steps = []
-    if not resume:
-        files = " ".join(quote(name) for name in (task_name, space_name) if name)
-        steps.append(f"mkdir -p {quote(task_dir)} && cp {files} {quote(task_dir)}/")
-    words = ["exec", "python", "-m", "tuner.cli.handoff", "tune", f"{task_dir}/{task_name}",
-             *tune_args,
+def entrypoint(*, task_name: str, run_root: str, tracking_uri: str,
+               tune_args: list[str]) -> str:
+    """The shell command the job runs on the cluster once its turn comes:
+    ``precision-tuner tune`` through tuner.cli.handoff (``exec``: Ray's stop signal reaches
+    it), which copies the job's files from the service's book into RUN_ROOT/task, resumes the
+    run where it had begun (a job queued again after a restart, or ``submit --resume``), and
+    runs it in one of the service's spare drivers where one is ready."""
+    words = ["exec", "python", "-m", "tuner.cli.handoff", "tune",
+             f"{run_root}/task/{task_name}", *tune_args,
              "--run-dir", f"{run_root}/run", "--ray-address", "auto",
              "--tracking-uri", tracking_uri, "--out", f"{run_root}/best_precision.json",
              "--force"]
-    if resume:
-        words.append("--resume")
-    steps.append(" ".join(quote(word) for word in words))
-    return " && ".join(steps)
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def job_request(*, job_id: str, entrypoint_command: str, metadata: dict[str, str],
+                env_vars: dict[str, str]) -> dict:
+    """What Ray's job server is sent for a job (and what the service's book keeps, to send
+    it again after a restart): the job asks for one of the head's job turns, so that beyond
+    them it waits in Ray's queue without a process."""
+    return {"entrypoint": entrypoint_command, "submission_id": job_id, "metadata": metadata,
+            "runtime_env": {"env_vars": env_vars},
+            "entrypoint_resources": {job_book.TURN: 1}}

@@ -11,9 +11,17 @@ Layout of the service directory::
     DIR/auth_token        the shared secret when bound beyond loopback (mode 0600)
     DIR/mlflow/           mlflow.db, artifacts/, and for authentication auth.ini and auth.db
     DIR/jobs/JOB/         each job's task file and run directory (run.json, trials.jsonl, ...)
+    DIR/mlflow/artifacts/queue/JOB/   each job's page in the service's book: its submission,
+                          files and outcome (tuner.service.job_book)
     DIR/logs/             ray.log, mlflow.log
 
-Authentication: on loopback (the default) neither end asks for it; bound elsewhere both do.
+The queue: the head offers as many job turns (a custom resource) as it runs jobs at once
+(tuner.service.limits); each job asks for one, so Ray's job server keeps the rest PENDING, in
+the order they came, with no process. ``service start`` queues again what the book holds
+unfinished, so queued and running jobs outlive ``service stop`` and a killed head.
+
+Authentication: on loopback (the default) neither end asks for it; bound elsewhere both do, and
+a Ray without token authentication (before 2.52) is refused there.
 Ray's job server uses Ray's token authentication (``RAY_AUTH_MODE=token``, the token in
 ``DIR/auth_token``); MLflow runs its ``basic-auth`` app with the user ``precision-tuner``
 and the same token as password. Clients pass the token (``PRECISION_TUNER_TOKEN`` or
@@ -42,24 +50,24 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.errors import TunerError, UsageError, first_line
+from tuner.errors import TunerError, first_line
+from tuner.execution.choice import visible_gpus
 from tuner.execution.warm_pool import describe as describe_pool
-from tuner.service.contract import (
-    CLAIMED,
-    DRIVERS,
-    JOB_KIND,
-    MLFLOW_USER,
-    READY,
-    RECORD_JOB,
-    SPARES,
-    STARTING,
-    client_for,
+from tuner.service import job_book, warm_side
+from tuner.service.contract import JOB_KIND, MLFLOW_USER, RECORD_JOB, client_for
+from tuner.service.job_server import JobServer
+from tuner.service.limits import (
+    DEFAULT_MAX_JOB_MIB,
+    DEFAULT_MAX_QUEUED,
+    ServiceLimits,
+    job_turns,
 )
 from tuner.service.service_info import (
     LOOPBACK,
     ServiceInfo,
     alive,
     check_ports,
+    check_ray_has_token_auth,
     ensure_token,
     free_port,
     ray_temp_dir,
@@ -82,6 +90,9 @@ def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dic
     # killed, the run resumable), and gives it time to close its records before SIGKILL.
     env["RAY_JOB_STOP_SIGNAL"] = "SIGINT"
     env["RAY_JOB_STOP_WAIT_TIME_S"] = "60"
+    # A queued job waits its turn however long the queue is (Ray fails one still PENDING
+    # after 15 minutes by default).
+    env["RAY_JOB_START_TIMEOUT_SECONDS"] = job_book.START_TIMEOUT_S
     env.pop("RAY_ADDRESS", None)
     for name in ("RAY_AUTH_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(name, None)
@@ -99,44 +110,65 @@ def _environment(service_dir: Path, info: ServiceInfo, token: str | None) -> dic
 def start(service_dir: Path, host: str = "127.0.0.1", ray_port: int = 6379,
           dashboard_port: int = 8265, mlflow_port: int = 5000, num_cpus: int | None = None,
           auth: bool | None = None, warm_workers: int | None = None,
-          say=print) -> tuple[ServiceInfo, bool]:
-    """Start the Ray head and the MLflow server; ``(info, False)`` when already running."""
+          limits: dict | None = None, say=print) -> tuple[ServiceInfo, bool]:
+    """Start the Ray head and the MLflow server, then queue again the jobs the last run of
+    the service left unfinished (tuner.service.job_book); ``(info, False)`` when already
+    running. ``limits``: ``max_running``, ``max_job_mib``, ``max_queued_per_user`` as given
+    (None: the defaults, tuner.service.limits)."""
     service_dir = service_dir.resolve()
     previous = read_info(service_dir)
     if running(previous):
         return previous, False
-    if previous is not None and (alive(previous.ray_pid) or alive(previous.mlflow_pid)):
-        raise UsageError(f"the service in {str(service_dir)!r} is only partly running (Ray head "
-                         f"pid {previous.ray_pid}, MLflow pid {previous.mlflow_pid}). Run "
-                         f"`precision-tuner service stop --dir {service_dir}`, then start it.")
-    service_dir.mkdir(parents=True, exist_ok=True)
     auth = host not in LOOPBACK if auth is None else auth
+    if auth:
+        check_ray_has_token_auth(host)
+    if previous is not None and (alive(previous.ray_pid) or alive(previous.mlflow_pid)
+                                 or alive(previous.drivers_pid)):
+        # What is left of a service whose head was killed: ended, and started again whole.
+        say(f"  the service's last run ended uncleanly (Ray head {_state(previous.ray_pid)}, "
+            f"MLflow server {_state(previous.mlflow_pid)}): stopping what was left of it")
+        _stop_processes(previous)
+    service_dir.mkdir(parents=True, exist_ok=True)
     check_ports(host, {"--ray-port": ray_port, "--dashboard-port": dashboard_port,
                        "--mlflow-port": mlflow_port})
     for sub in ("jobs", "logs", "mlflow"):
         (service_dir / sub).mkdir(exist_ok=True)
+    (service_dir / job_book.DRAINING).unlink(missing_ok=True)
+    limits = dict(limits or {})
+    cpus = num_cpus or os.cpu_count() or 1
+    service_limits = ServiceLimits(
+        turns=job_turns(cpus=cpus, warm_workers=warm_workers, gpus=visible_gpus(),
+                        asked=limits.get("max_running")),
+        max_job_mib=limits.get("max_job_mib") or DEFAULT_MAX_JOB_MIB,
+        max_queued_per_user=limits.get("max_queued_per_user") or DEFAULT_MAX_QUEUED)
     info = ServiceInfo(dir=str(service_dir), host=host, ray_port=ray_port,
                        dashboard_port=dashboard_port, mlflow_port=mlflow_port, auth=auth,
                        ray_temp_dir=ray_temp_dir(service_dir),
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       warm_workers=warm_workers)
+                       warm_workers=warm_workers, limits=service_limits.record())
     token = ensure_token(service_dir) if auth else None
     env = _environment(service_dir, info, token)
     try:
         info.mlflow_pid = _start_mlflow(service_dir, info, env, token)
-        info.ray_pid = _start_ray(service_dir, info, env, num_cpus)
+        info.ray_pid = _start_ray(service_dir, info, env, num_cpus, service_limits.turns)
         write_info(info)
         _wait_until_up(info, token)
         _register(info, token)
         if warm_workers != 0:
-            info.pool = _start_pool(info, env)
-            info.drivers_pid = _start_spares(service_dir, env)
+            info.pool = warm_side.start_pool(info, env)
+            info.drivers_pid = warm_side.start_spares(service_dir, env)
             write_info(info)
-            _wait_for_spares(info)
+            warm_side.wait_for_spares(info)
     except BaseException:
         _stop_processes(info)
         raise
+    for line in job_book.queue_again(Path(info.dir), JobServer(info.job_server, token)):
+        say(line)
     return info, True
+
+
+def _state(pid: int) -> str:
+    return "running" if alive(pid) else "gone"
 
 
 def _start_mlflow(service_dir: Path, info: ServiceInfo, env: dict[str, str],
@@ -154,6 +186,9 @@ def _start_mlflow(service_dir: Path, info: ServiceInfo, env: dict[str, str],
         config.write_text("[mlflow]\ndefault_permission = READ\n"
                           f"database_uri = sqlite:///{store / 'auth.db'}\n"
                           f"admin_username = {MLFLOW_USER}\n"
+                          # MLflow 3.9 (the declared floor) reads the admin's password
+                          # from here only; newer ones also from the environment below.
+                          f"admin_password = {token}\n"
                           "authorization_function = "
                           "mlflow.server.auth:authenticate_request_basic_auth\n")
         os.chmod(config, 0o600)
@@ -166,51 +201,8 @@ def _start_mlflow(service_dir: Path, info: ServiceInfo, env: dict[str, str],
     return process.pid
 
 
-def _start_spares(service_dir: Path, env: dict[str, str]) -> int:
-    """The keeper of the spare drivers (tuner.cli.spare): ``tune`` processes with their
-    libraries imported, which the jobs' entrypoints (tuner.cli.handoff) run in."""
-    log = open(service_dir / "logs" / "drivers.log", "ab")
-    process = subprocess.Popen([sys.executable, "-m", "tuner.cli.spare", "keep", "--dir",
-                                str(service_dir / DRIVERS)],
-                               env=env, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
-    return process.pid
-
-
-_SPARE_STATES = {READY: "ready", CLAIMED: "running a job", STARTING: "starting"}
-
-
-def spares(info: ServiceInfo) -> dict[str, int]:
-    """The spare drivers now: ``{"ready": N, "running a job": M, "starting": K}``."""
-    counts = dict.fromkeys(_SPARE_STATES.values(), 0)
-    folder = Path(info.dir) / DRIVERS
-    for path in folder.glob("*") if folder.is_dir() else []:
-        if path.suffix in _SPARE_STATES:
-            counts[_SPARE_STATES[path.suffix]] += 1
-    return counts
-
-
-def _wait_for_spares(info: ServiceInfo, wait_s: float = 60.0) -> None:
-    """Until every spare driver is ready, so that the first jobs find them (a job that finds
-    none runs as its own process, as without them)."""
-    deadline = time.monotonic() + wait_s
-    while spares(info)["ready"] < SPARES and time.monotonic() < deadline:
-        if not alive(info.drivers_pid):
-            raise TunerError(f"the spare drivers' keeper exited during start-up; see "
-                             f"{Path(info.dir) / 'logs' / 'drivers.log'}")
-        time.sleep(0.2)
-
-
-def spares_line(info: ServiceInfo) -> str:
-    if not info.drivers_pid:
-        return "  spare drivers: none (started with --warm-workers 0: each job starts its own)"
-    counts = spares(info)
-    return ("  spare drivers: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
-            + " (`tune` processes with their libraries imported; a job runs in one)")
-
-
 def _start_ray(service_dir: Path, info: ServiceInfo, env: dict[str, str],
-               num_cpus: int | None) -> int:
+               num_cpus: int | None, turns: int) -> int:
     node_ip = "127.0.0.1" if info.host in LOOPBACK else info.advertised_host
     command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                "--port", str(info.ray_port), "--node-ip-address", node_ip,
@@ -220,7 +212,10 @@ def _start_ray(service_dir: Path, info: ServiceInfo, env: dict[str, str],
                # another Ray on the same machine.
                "--ray-client-server-port", str(free_port()),
                "--dashboard-agent-listen-port", str(free_port()),
-               "--temp-dir", info.ray_temp_dir, "--disable-usage-stats"]
+               "--temp-dir", info.ray_temp_dir, "--disable-usage-stats",
+               # The job turns: a job asks for one, so that Ray's job server queues the
+               # rest, PENDING, without a process (tuner.service.job_book).
+               "--resources", json.dumps({job_book.TURN: turns})]
     if num_cpus:
         command += ["--num-cpus", str(num_cpus)]
     log = open(service_dir / "logs" / "ray.log", "ab")
@@ -268,63 +263,36 @@ def _register(info: ServiceInfo, token: str | None) -> None:
                       entrypoint_num_cpus=0)
 
 
-def _pool_command(info: ServiceInfo, env: dict[str, str], action: str, *extra: str,
-                  timeout_s: float = 60.0) -> dict | None:
-    """``python -m tuner.execution.warm_pool ACTION`` on the service's cluster, with the
-    head's environment (its token): the pool's keeper as it answers (None: no pool)."""
-    done = subprocess.run([sys.executable, "-m", "tuner.execution.warm_pool", action,
-                           "--address", info.ray_address, *extra],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        with open(Path(info.dir) / "logs" / "pool.log", "a") as log:
-            log.write(done.stdout + done.stderr)
-        raise TunerError(f"the warm workers did not start ({_last_line(done.stderr)}); see "
-                         f"{Path(info.dir) / 'logs' / 'pool.log'}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "no output"
-
-
-def _start_pool(info: ServiceInfo, env: dict[str, str]) -> dict | None:
-    """The warm workers (tuner.execution.warm_pool), TensorFlow imported in each."""
-    return _pool_command(info, env, "start", "--slots", str(info.warm_workers or 0),
-                         "--wait", "120", timeout_s=_START_TIMEOUT_S + 60)
-
-
-def pool_line(state: dict) -> str:
-    rows = state.get("rows", [])
-    slots = sum(row["slots"] for row in rows)
-    primed = state.get("primed") or {}
-    return (f"  warm workers: {slots} slot worker(s) and {len(rows)} timing worker(s) on "
-            f"{len(rows)} node(s)" + (f", {len(state['starting'])} still starting"
-                                      if state.get("starting") else ", TensorFlow imported")
-            + (f"; the device's ceiling timed in {len(primed)} of them "
-               f"({sum(primed.values()):.1f} s), so no job waits on it" if primed else ""))
-
-
 def pool_status(info: ServiceInfo) -> list[str]:
     """``service status``'s lines on the warm workers: busy, lent, idle per node."""
     if info.warm_workers == 0:
         return describe_pool(None)
     token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
     try:
-        return describe_pool(_pool_command(info, _environment(Path(info.dir), info, token),
-                                           "status"))
+        return describe_pool(warm_side.pool_command(
+            info, _environment(Path(info.dir), info, token), "status"))
     except (TunerError, subprocess.TimeoutExpired, ValueError) as exc:
         return [f"  warm workers: cannot ask the pool ({first_line(exc, 120)})"]
 
 
 def stop(service_dir: Path) -> ServiceInfo | None:
-    """Stop the service's processes (jobs still running end with the cluster)."""
+    """Stop the service's processes. The running jobs are stopped first (each closes its
+    records, resumable); a job whose turn comes meanwhile does not start. Both kinds, and
+    those still queued, stay unfinished in the service's book: the next ``service start``
+    queues them again (tuner.service.job_book)."""
     info = read_info(service_dir.resolve())
     if info is None:
         return None
     if running(info):
-        _stop_jobs(info)
-    _stop_processes(info)
+        draining = Path(info.dir) / job_book.DRAINING
+        draining.touch()
+        try:
+            _stop_jobs(info)
+        finally:
+            _stop_processes(info)
+            draining.unlink(missing_ok=True)
+    else:
+        _stop_processes(info)
     info.ray_pid = info.mlflow_pid = info.drivers_pid = 0
     write_info(info)
     return info
@@ -332,19 +300,22 @@ def stop(service_dir: Path) -> ServiceInfo | None:
 
 def _stop_jobs(info: ServiceInfo, wait_s: float = 90.0) -> list[str]:
     """Stop the running tuning jobs through Ray first, so each closes its records as on
-    Ctrl-C (and can be resumed) instead of dying with the cluster."""
+    Ctrl-C (and can be resumed) instead of dying with the cluster. The queued ones are left
+    to end with the cluster: Ray would only stop one once its turn came."""
     try:
         token = token_path(Path(info.dir)).read_text().strip() if info.auth else None
         client = client_for(info.job_server, token)
-        running_jobs = [j.submission_id for j in client.list_jobs()
-                        if (j.metadata or {}).get("precision_tuner") == JOB_KIND
-                        and not j.status.is_terminal()]
-        for job in running_jobs:
-            client.stop_job(job)
         deadline = time.monotonic() + wait_s
-        while running_jobs and time.monotonic() < deadline:
-            running_jobs = [j for j in running_jobs
-                            if not client.get_job_status(j).is_terminal()]
+        stopping: set[str] = set()
+        while time.monotonic() < deadline:
+            running_jobs = [j.submission_id for j in client.list_jobs()
+                            if (j.metadata or {}).get("precision_tuner") == JOB_KIND
+                            and j.status.value == "RUNNING"]
+            if not running_jobs:
+                return []
+            for job in set(running_jobs) - stopping:   # one that started meanwhile too
+                client.stop_job(job)
+                stopping.add(job)
             time.sleep(0.5)
         return running_jobs
     except Exception:  # noqa: BLE001 - stopping the service must not depend on its job server

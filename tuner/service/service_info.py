@@ -1,7 +1,8 @@
 """The service's record and its host's facts (tuner.service.server starts and stops what it
 describes): ``ServiceInfo`` (what ``DIR/service.json`` holds: addresses, ports, process ids, no
 secrets), reading and writing it, whether its processes are alive, the shared token's file, and
-the checks of addresses and ports made before anything starts."""
+the checks made before anything starts: addresses and ports, and that the installed Ray can
+lock the service's door (token authentication, Ray 2.52 and newer)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from tuner.errors import UsageError
 from tuner.records.run_store import write_atomic
 
+RAY_TOKEN_AUTH = "2.52"   # the first Ray with token authentication (RAY_AUTH_MODE=token)
 SERVICE_FILE = "service.json"
 TOKEN_FILE = "auth_token"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -39,6 +41,7 @@ class ServiceInfo:
     warm_workers: int | None = None      # slot workers per node (None: one per CPU; 0: no pool)
     pool: dict | None = None             # the pool as it stood when the service started
     drivers_pid: int = 0                 # the spare drivers' keeper (tuner.cli.spare)
+    limits: dict | None = None           # what it admits (tuner.service.limits.ServiceLimits)
 
     @property
     def advertised_host(self) -> str:
@@ -65,7 +68,7 @@ class ServiceInfo:
                 "service_dir": self.dir, "auth": "token" if self.auth else "none",
                 "ray_address": self.ray_address,
                 "warm_workers": "per CPU" if self.warm_workers is None
-                else str(self.warm_workers)}
+                else str(self.warm_workers), **(self.limits or {})}
 
 
 def primary_address() -> str:
@@ -175,3 +178,21 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
         if port_in_use(host, port):
             raise UsageError(f"port {port} ({name}) on {host} is already in use. Pass another "
                              f"{name}, or stop what listens there.")
+
+
+def check_ray_has_token_auth(host: str) -> None:
+    """Refuse authentication the installed Ray cannot give: its token authentication
+    (``RAY_AUTH_MODE=token``) came in Ray 2.52; an older Ray ignores the setting and its job
+    server runs anyone's code."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    installed = version("ray")
+    if Version(installed) < Version(RAY_TOKEN_AUTH):
+        where = f"--host {host}" if host not in LOOPBACK else "--auth"
+        raise UsageError(
+            f"{where} needs token authentication, which Ray {installed} does not have (it "
+            f"came in Ray {RAY_TOKEN_AUTH}): its job server would run anyone's code. Upgrade "
+            f"Ray (pip install 'ray[default]>={RAY_TOKEN_AUTH}'), or bind to 127.0.0.1 and "
+            "reach the service through an SSH tunnel.")
