@@ -316,3 +316,28 @@ def test_objective_is_importable_from_the_package_and_is_what_tune_takes():
     annotated = inspect.signature(tuner.tune).parameters["objective"].annotation
     assert annotated == (public | None)
     assert loaded_after("from tuner import Objective") == []
+
+
+def test_data_that_cannot_travel_to_a_worker_is_refused_saying_what_to_pass(tmp_path):
+    """A function returning a dataset made outside it (a notebook's ``lambda: ds``) cannot be
+    pickled for the workers: refused before any trial, naming what to pass instead. The
+    dataset object itself (endless, here) is read once in the caller: its first batches
+    travel, and the worker's task returns them."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tuner.api.task_writer import RECORDED_BATCHES, task_objects, write_task
+    from tuner.worker.task.task_loader import load_task
+
+    x, y = np.ones((64, 4), "float32"), np.arange(64, dtype="int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+    with pytest.raises(UsageError) as refused:
+        write_task(tmp_path / "lambda.py", task_objects(lambda: None, lambda: data, "mse"))
+    message = str(refused.value)
+    assert "a function that builds the dataset" in message and "\n" not in message
+    path = write_task(tmp_path / "object.py", task_objects(lambda: None, data, "mse"))
+    batches = list(load_task(str(path)).train_data())
+    assert len(batches) == RECORDED_BATCHES                  # an endless dataset, bounded
+    assert np.array_equal(batches[1][1], y[8:16])
+    with pytest.raises(UsageError, match="must be what model.fit"):
+        task_objects(lambda: None, 3, "mse")

@@ -199,7 +199,8 @@ def test_task_with_wrong_data_structure_is_refused_before_anything_is_written(tm
     completed = cli("tune", str(TASKS / "bad_data.py"), "--run-dir", str(tmp_path / "run"),
                     "--out", str(tmp_path / "best.json"))
     assert completed.returncode == 2
-    assert "must return a batched tf.data.Dataset" in completed.stderr.strip().splitlines()[-1]
+    assert "must return what model.fit(x=...) takes" in \
+        completed.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run").exists() and not (tmp_path / "best.json").exists()
 
 

@@ -103,7 +103,7 @@ def test_task_errors_become_failed_trials(task_path):
     assert "oops: this model cannot be built" in broken.failure_message
     bad = trial(task_path("bad_data"), PrecisionConfig())
     assert bad.failure_class is FailureClass.TASK_ERROR
-    assert "must return a batched tf.data.Dataset" in bad.failure_message
+    assert "must return what model.fit(x=...) takes" in bad.failure_message
 
 
 def test_slow_trials_stop_early(task_path):
@@ -115,7 +115,7 @@ def test_slow_trials_stop_early(task_path):
 def test_probe_describes_the_task_and_refuses_bad_ones(task_path):
     info = check_task(task_path("subclassed"), 10)
     assert info["style"] == "subclassed" and info["batch_size"] == 32
-    with pytest.raises(TaskError, match="must return a batched"):
+    with pytest.raises(TaskError, match="must return what model.fit"):
         check_task(task_path("bad_data"), 10)
     with pytest.raises(TaskError, match="build_model\\(\\) in broken_build.py raised"):
         check_task(task_path("broken_build"), 10)

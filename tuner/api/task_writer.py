@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.errors import UsageError
+from tuner.errors import UsageError, first_line
 from tuner.execution.task_shipping import data_line
 
 _TEMPLATE = '''"""Written by tuner.tune() from objects defined in Python; do not edit (tune again).
@@ -41,7 +41,7 @@ train_data = _TASK["train_data"]
 LOSS = _TASK["LOSS"]
 BATCH_SIZE = _TASK["BATCH_SIZE"]
 {optional}'''
-_OPTIONAL = ("make_optimizer", "val_data", "METRICS")
+_OPTIONAL = ("make_optimizer", "val_data", "METRICS", "CLASS_WEIGHT")
 
 
 class _NotGiven:
@@ -65,17 +65,82 @@ class Returns:
         return self.value
 
 
-def _data_function(name: str, value: Any) -> Callable[[], Any]:
+class Recorded:
+    """A data function for a source of batches given as an object (a ``tf.data.Dataset``, a
+    generator): its first batches, read once in the calling process, which a worker's
+    trials cycle through. A dataset object is a graph of this process and a generator is
+    spent once read: neither can be sent to a worker as it is."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __call__(self) -> Any:
+        return iter(self.batches)
+
+
+# How much of a dataset object or a generator tune() reads: the batches a run cycles through
+# (at most 50, or --steps) and the validation's 8, with room to spare; and no more bytes.
+RECORDED_BATCHES = 256
+RECORDED_BYTES = 1 << 30
+
+
+def _data_function(name: str, value: Any) -> Callable[[], Any] | None:
     if value is None or callable(value):
         return value
-    if isinstance(value, (tuple, list, dict)) or hasattr(value, "shape"):
-        return Returns(value)
-    raise UsageError(f"tune(): {name} must be arrays ((x, y), x, or a dict) or a function "
-                     f"returning them or a tf.data.Dataset. Received: {name}={value!r:.80}")
+    if isinstance(value, (tuple, list, dict)) or hasattr(value, "shape") or _is_py_dataset(value):
+        return Returns(value)   # pickled as it is (a PyDataset reads its files in the worker)
+    if _is_dataset(value) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
+        return Recorded(_read_batches(name, value))
+    raise UsageError(f"tune(): {name} must be what model.fit(x=...) takes: arrays ((x, y), x, "
+                     "or a dict), a tf.data.Dataset, a keras.utils.PyDataset, a generator of "
+                     "batches, or a function returning one of them. Received: "
+                     f"{name}={value!r:.80}")
+
+
+def _is_dataset(value: Any) -> bool:
+    return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
+
+
+def _is_py_dataset(value: Any) -> bool:
+    return any(kind.__name__ == "PyDataset" and kind.__module__.startswith("keras")
+               for kind in type(value).__mro__)
+
+
+def _read_batches(name: str, source: Any) -> list:
+    """The first batches of ``source`` as NumPy, up to ``RECORDED_BATCHES`` or
+    ``RECORDED_BYTES``, whichever comes first (an endless source included)."""
+    import itertools
+
+    import numpy as np
+
+    if _is_dataset(source):
+        source = source.take(RECORDED_BATCHES).as_numpy_iterator()
+    batches, size = [], 0
+    try:
+        for element in itertools.islice(source, RECORDED_BATCHES):
+            leaves = element if isinstance(element, (tuple, list)) else (element,)
+            size += sum(np.asarray(leaf).nbytes for leaf in _leaves(leaves))
+            batches.append(element)
+            if size >= RECORDED_BYTES:
+                break
+    except Exception as exc:  # noqa: BLE001 - the user's pipeline failed: say where
+        raise UsageError(f"tune(): reading {name} raised {type(exc).__name__}: "
+                         f"{str(exc)[:200]}. Fix the data pipeline.") from None
+    if not batches:
+        raise UsageError(f"tune(): {name} yielded no batch. Pass data with at least one.")
+    return batches
+
+
+def _leaves(structure: Any) -> list:
+    if isinstance(structure, dict):
+        return [leaf for value in structure.values() for leaf in _leaves(value)]
+    if isinstance(structure, (tuple, list)):
+        return [leaf for value in structure for leaf in _leaves(value)]
+    return [] if structure is None else [structure]
 
 
 def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, metrics=None,
-                 batch_size=None) -> dict[str, Any]:
+                 batch_size=None, class_weight=None) -> dict[str, Any]:
     """The task contract's names for these objects, checked: one-line UsageErrors."""
     missing = [name for name, value in (("build_model", build_model), ("train_data", train_data))
                if value is None] + (["loss"] if loss is LOSS_NOT_GIVEN else [])
@@ -93,7 +158,7 @@ def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, m
     objects = {"build_model": build_model, "train_data": _data_function("train_data", train_data),
                "LOSS": loss, "BATCH_SIZE": 32 if batch_size is None else batch_size,
                "make_optimizer": optimizer, "val_data": _data_function("val_data", val_data),
-               "METRICS": metrics}
+               "METRICS": metrics, "CLASS_WEIGHT": class_weight}
     return {name: value for name, value in objects.items()
             if value is not None or name == "LOSS"}
 
@@ -137,7 +202,10 @@ def _pickle_to(path: Path, objects: dict[str, Any]) -> tuple[int, str]:
         if isinstance(exc, OSError):   # the disk's, not the objects'
             raise
         raise UsageError(f"tune(): the model, data or loss could not be pickled for the workers "
-                         f"({type(exc).__name__}: {exc}). Define them at the top level of the "
-                         "notebook or script, or pass a task file.") from None
+                         f"({type(exc).__name__}: {first_line(exc, 160)}). Define them at the "
+                         "top level of the notebook or script, or pass a task file; for data, "
+                         "a function that builds the dataset (not one returning a dataset made "
+                         "outside it), or the dataset object itself (tune() reads its first "
+                         "batches).") from None
     os.replace(partial, path)
     return hashed.size, hashed.hash.hexdigest()

@@ -30,6 +30,7 @@ def tune(
     build_model: Callable[[], Any] | None = None, train_data: Any = None,
     loss: Any = LOSS_NOT_GIVEN, optimizer: Callable[[], Any] | None = None,
     val_data: Any = None, metrics: Any = None, batch_size: int | None = None,
+    class_weight: dict[int, float] | None = None,
     # -- what to try
     space: str | Path | None = None, trials: int | None = None, exhaustive: bool = False,
     steps: int | None = None, trial_seconds: float | None = None, seed: int | None = None,
@@ -47,18 +48,21 @@ def tune(
     ray_address: str | None = None, executor: Literal["auto", "ray", "local"] = "auto",
 ) -> TuneResult:
     """Tune ``task`` (a task file's path), or the model ``build_model`` builds, trained on
-    ``train_data`` (arrays ``(x, y)`` or x alone, or a function returning them or a dataset)
-    with ``loss`` (``None``: the model's ``train_step`` computes its own, as in
+    ``train_data`` (what ``model.fit(x=...)`` takes: arrays ``(x, y)``, x alone or a dict of
+    them, a ``tf.data.Dataset``, a ``keras.utils.PyDataset`` or a generator of batches, or a
+    function returning one; a dataset object or a generator is read once here, its first 256
+    batches at most) with ``loss`` (``None``: the model's ``train_step`` computes its own, as in
     ``compile(loss=None)``); ``optimizer`` is a function returning a new optimizer [default:
-    Adam(1e-3)], ``val_data`` as ``train_data``. The exported config goes to the run
-    directory unless ``out`` says where. Interrupting (Ctrl-C, a notebook's stop) ends the job
-    as the CLI's Ctrl-C does: records closed, resumable with the same ``run_dir``.
+    Adam(1e-3)], ``val_data`` as ``train_data``, ``class_weight`` as ``fit`` takes it. The
+    exported config goes to the run directory unless ``out`` says where. Interrupting (Ctrl-C,
+    a notebook's stop) ends the job as the CLI's Ctrl-C does: records closed, resumable with
+    the same ``run_dir``.
 
     Every other keyword is a ``precision-tuner tune`` option under its Python name:
     """
     objects = {"build_model": build_model, "train_data": train_data, "loss": loss,
                "optimizer": optimizer, "val_data": val_data, "metrics": metrics,
-               "batch_size": batch_size}
+               "batch_size": batch_size, "class_weight": class_weight}
     given = [name for name, value in objects.items()
              if value is not (LOSS_NOT_GIVEN if name == "loss" else None)]
     if task is not None and given:

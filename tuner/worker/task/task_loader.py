@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tuner.errors import TaskError, describe, first_line
+from tuner.worker.task.fit_inputs import as_input, first_elements, with_class_weight
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Task:
     # model with its own compile), passing every optimizer it makes through wrap_optimizer.
     compile_model: Callable | None = None
     val_metric: Callable | None = None   # val_metric(model) -> float, lower is better
-    from_dataset: bool = False   # train_data() returned a tf.data.Dataset (batched by the user)
+    from_dataset: bool = False   # train_data() returned batches (a dataset, PyDataset, generator)
+    class_weight: dict | None = None   # CLASS_WEIGHT: fit's class_weight, {class: weight}
 
     def optimizer(self):
         import keras
@@ -87,9 +89,23 @@ def load_task(path: str) -> Task:
                 batch_size=batch_size, metrics=getattr(module, "METRICS", None),
                 val_data=getattr(module, "val_data", None),
                 compile_model=getattr(module, "compile_model", None),
-                val_metric=getattr(module, "val_metric", None))
+                val_metric=getattr(module, "val_metric", None),
+                class_weight=_class_weight(module, resolved.name))
     _loaded[key] = task
     return task
+
+
+def _class_weight(module, name: str) -> dict | None:
+    weights = getattr(module, "CLASS_WEIGHT", None)
+    if weights is None:
+        return None
+    if not isinstance(weights, dict) or not all(
+            isinstance(k, (int, np.integer)) and isinstance(v, (int, float, np.number))
+            and not isinstance(k, bool) for k, v in weights.items()):
+        raise TaskError(f"CLASS_WEIGHT in {name} must map class indices to weights, as "
+                        f"model.fit(class_weight=...) takes. Received: CLASS_WEIGHT="
+                        f"{describe(weights)}. Write it as {{0: 1.0, 1: 5.0}}.")
+    return {int(k): float(v) for k, v in weights.items()}
 
 
 _received: dict[str, str] = {}   # the code's digest -> its file on this node
@@ -198,22 +214,15 @@ def validation_batches(task: Task, pool: int) -> tuple[list[tuple], str]:
 
 
 def _data_of(task: Task, function, name: str):
-    """What the task's ``function`` (``train_data`` or ``val_data``) returns: a dataset, or a
-    tuple of arrays (checked); its errors become one-line ``TaskError``s."""
-    import tensorflow as tf
-
+    """What the task's ``function`` (``train_data`` or ``val_data``) returns: a tuple of array
+    parts, or a source of batches (tuner.worker.task.fit_inputs: what ``model.fit`` takes);
+    its errors become one-line ``TaskError``s."""
     try:
         data = function()
     except Exception as exc:
         raise TaskError(f"{name} in {task.path.name} raised {type(exc).__name__}: "
                         f"{first_line(exc)}. Fix the task file.") from exc
-    if isinstance(data, np.ndarray):   # x alone, as model.fit(x) takes it (no labels)
-        return (data,)
-    if not isinstance(data, tf.data.Dataset) and not (isinstance(data, (tuple, list))
-                                                        and len(data) in (1, 2, 3)):
-        raise TaskError(f"{name} in {task.path.name} must return a batched tf.data.Dataset "
-                        f"of (x, y) or a tuple of NumPy arrays (x, y). Received: {describe(data)}")
-    return data
+    return as_input(data, f"{name} in {task.path.name}")
 
 
 def _validation_from(task: Task) -> list[tuple]:
@@ -233,6 +242,9 @@ def _materialise(task: Task, steps: int) -> tuple[list[tuple], list[tuple]]:
     else:
         task.from_dataset = True
         elements, held = _from_dataset(task, data, steps)
+    if task.class_weight:   # as fit applies it: to the training batches only
+        elements = with_class_weight(elements, task.class_weight,
+                                     f"CLASS_WEIGHT in {task.path.name}")
     return (_as_tensors(task, elements, "train_data()"),
             _as_tensors(task, held, "train_data()") if held else [])
 
@@ -272,7 +284,12 @@ def _array_parts(task: Task, data, source: str = "train_data()") -> list:
     # fit(x, y, sample_weight=None) hands train_step (x, y): no trailing None.
     parts = list(data[:2]) if len(data) == 3 and data[2] is None else list(data)
     sizes = _leading_dims(parts)
-    if len(sizes) != 1 or -1 in sizes:
+    if -1 in sizes:
+        raise TaskError(f"{source} in {task.path.name} returned numbers where arrays with one "
+                        f"row per sample belong (a Python list is read as separate values). "
+                        f"Received: {describe(data)}. Return NumPy arrays, (x, y) or a dict "
+                        "of them.")
+    if len(sizes) != 1:
         raise TaskError(f"{source} in {task.path.name} returned arrays with different numbers "
                         f"of samples (first dimensions {sorted(sizes)}). x and y must have one row "
                         "per sample.")
@@ -321,8 +338,9 @@ def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]
 def _from_dataset(task: Task, dataset, steps: int) -> tuple[list[tuple], list[tuple]]:
     """The first ``steps`` batches (cycled when an epoch is shorter) and, without val_data(),
     the next ``VAL_BATCHES`` (or the last fifth of a shorter epoch), which no trial trains on."""
-    if task.val_data is not None:
-        return _scan_dataset(task, dataset.repeat(), steps, "train_data()")[0], []
+    if task.val_data is not None:   # an epoch shorter than the steps is cycled through
+        elements, _ = _scan_dataset(task, dataset, steps, "train_data()")
+        return [elements[index % len(elements)] for index in range(steps)], []
     elements, ended = _scan_dataset(task, dataset, steps + VAL_BATCHES, "train_data()")
     if not ended:
         return elements[:steps], elements[steps:]
@@ -339,7 +357,7 @@ def _scan_dataset(task: Task, dataset, count: int, source: str) -> tuple[list[tu
     batches: list[tuple] = []
     first_dims = None
     seen = 0
-    for element in dataset.take(count * 4):
+    for element in first_elements(dataset, count * 4):
         seen += 1
         if not isinstance(element, (tuple, list)):
             element = (element,)      # x alone (a dict of inputs too): fit trains on it
