@@ -6,8 +6,11 @@ process of the service) idle and at its peak while the jobs queue, and the queue
 per job: from one job's end (Ray's end time) to the next job's first trial opened in MLflow.
 
     python benchmarks/service_queue.py [TASK.py] [--jobs 50] [--trials 2] [--steps 10]
+    # the service page's table (docs/how-to/service.md), from the results:
+    python benchmarks/service_queue.py --table
 
-Results go to benchmarks/results/service_queue.json.
+Results go to benchmarks/results/service_queue.json; the service page's load table is
+``--table``'s output (tests/judging/test_benchmark_results.py checks that they agree).
 """
 
 from __future__ import annotations
@@ -63,6 +66,31 @@ def _cpu_model() -> str:
     return ""
 
 
+def table(results: dict) -> str:
+    """The service page's load table (markdown) of ``results``."""
+    overhead = results["queue_overhead_s"]
+    rows = [
+        ("jobs succeeded, configs fetched",
+         f"{results['succeeded']} of {results['jobs']}, {results['fetched']} of "
+         f"{results['jobs']}"),
+        ("jobs running at once, most (sampled each second)",
+         str(results["most_running_at_once"])),
+        ("jobs queued at once, most", str(results["most_queued_at_once"])),
+        ("the Ray head's resident memory, idle / at its peak while they queued",
+         f"{results['head_rss_idle_mib']} / {results['head_rss_peak_mib']} MiB"),
+        ("every service process's (head, MLflow, spare drivers), idle / peak",
+         f"{results['service_rss_idle_mib']} / {results['service_rss_peak_mib']} MiB"),
+        (f"the submit command, median / slowest ({results['senders']} at once)",
+         f"{results['submit_s_median']:.1f} / {results['submit_s_max']:.1f} s"),
+        ("the queue's overhead a job: one job's end to the next one's first trial, median "
+         "(p90, max)", f"{overhead['median']:.1f} s ({overhead['p90']:.1f}, "
+                       f"{overhead['max']:.1f})"),
+        (f"all {results['jobs']}, wall", f"{results['wall_s']:.0f} s"),
+    ]
+    return "\n".join([f"| {results['task']} (`{results['flags']}`), {results['machine']} "
+                      "| measured |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task", nargs="?", default=str(ROOT / "tests" / "fixtures" / "tasks"
@@ -71,7 +99,12 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=10)
     parser.add_argument("--trials", default="2")
     parser.add_argument("--steps", default="10")
+    parser.add_argument("--table", action="store_true",
+                        help="print the service page's table from the results file and stop")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return
 
     folder = Path(tempfile.mkdtemp(prefix="pt-queue-"))
     service_dir = folder / "svc"
