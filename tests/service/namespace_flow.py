@@ -49,6 +49,14 @@ def main(host: str, folder: str) -> None:
             seen["mlflow_without_token"] = 200
         except urllib.error.HTTPError as exc:
             seen["mlflow_without_token"] = exc.code
+        request = urllib.request.Request(
+            f"{address}/api/jobs/", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"entrypoint": f"touch {folder}/ran"}).encode())
+        try:   # a raw request to Ray's Jobs API, as anyone on the network could send it
+            urllib.request.urlopen(request, timeout=10)
+            seen["jobs_api_without_token"] = 200
+        except urllib.error.HTTPError as exc:
+            seen["jobs_api_without_token"] = exc.code
         env["PRECISION_TUNER_TOKEN"] = token_file.read_text().strip()
         submitted = cli("submit", str(ROOT / "tests" / "fixtures" / "tasks" / "tiny_mlp.py"),
                         "--trials", "3", "--steps", "10", env=env)
@@ -70,6 +78,7 @@ def main(host: str, folder: str) -> None:
     finally:
         stopped = cli("service", "stop", "--dir", folder, timeout=120)
         seen["stop"] = stopped.returncode
+        seen["anyone_ran"] = (Path(folder) / "ran").exists()
         print(json.dumps(seen))
 
 
