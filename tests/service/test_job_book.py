@@ -180,3 +180,22 @@ def test_authentication_is_refused_where_ray_has_no_token_auth(monkeypatch, inst
         assert message.startswith(f"{flag} needs token authentication, which Ray {installed} "
                                   "does not have (it came in Ray 2.52)")
         assert "pip install 'ray[default]>=2.52'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("head_pid, outcome", [("self", "failed"), (0, "interrupted")])
+def test_a_driver_that_fails_as_the_head_dies_under_it_is_queued_again(tmp_path, monkeypatch,
+                                                                       head_pid, outcome):
+    """Ray 2.40's driver exits with an error at once when its head is killed: that job did
+    not fail, the cluster went away under it, and the restart queues it again."""
+    import os
+
+    intake = _book(tmp_path, "job-1", 1.0, started=True)
+    (tmp_path / "service.json").write_text(json.dumps(
+        {"ray_pid": os.getpid() if head_pid == "self" else head_pid}))
+    monkeypatch.setenv(job_book.JOB_ROOT_ENV, str(tmp_path / "jobs" / "job-1"))
+    monkeypatch.setenv(job_book.INTAKE_ENV, str(intake))
+    monkeypatch.setattr(handoff, "_run", lambda argv: 1)
+    assert handoff.main(["tune", "t.py"]) == 1
+    assert json.loads((intake / job_book.OUTCOME).read_text())["outcome"] == outcome
+    assert [j.job_id for j in job_book.to_queue_again(tmp_path)] == \
+        ([] if outcome == "failed" else ["job-1"])

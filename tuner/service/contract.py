@@ -38,12 +38,20 @@ def live_markers(folder, suffix: str, remove_dead: bool = False) -> int:
     return live
 
 
+class _NeverRaised(Exception):
+    """Stands for an exception the installed library cannot raise."""
+
+
 def client_for(address: str, token: str | None):
     """A ``JobSubmissionClient`` for the service, with the bearer token when there is one."""
     import logging
 
-    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
+
+    try:
+        from ray.exceptions import AuthenticationError
+    except ImportError:   # Ray before 2.52: no token authentication, nor its error
+        AuthenticationError = _NeverRaised
 
     for name in ("ray", "ray.dashboard.modules.dashboard_sdk",
                  "ray._private.runtime_env.packaging"):

@@ -199,8 +199,20 @@ class RunningJob:
         (self.intake / DRIVER_PID).write_text(f"{os.getpid()}\n")
         return (self.root / "run" / "run.json").is_file()
 
+    def head_alive(self) -> bool:
+        """Is the service's Ray head (``service.json``'s ``ray_pid``) still running? A driver
+        that fails as the head dies under it (Ray 2.40's exits at once) has not failed."""
+        try:
+            pid = int(json.loads((self.service_dir / "service.json").read_text())["ray_pid"])
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return False
+        return state != "Z"
+
     def ended(self, rc: int) -> None:
         outcome = {"outcome": outcome_of(rc), "rc": rc, "ended_at": time.time()}
+        if outcome["outcome"] == "failed" and not self.head_alive():
+            outcome.update(outcome="interrupted", why="the service's Ray head ended under it")
         path = self.intake / OUTCOME
         temporary = path.with_name(f".{OUTCOME}.{os.getpid()}")
         temporary.write_text(json.dumps(outcome) + "\n")
