@@ -137,10 +137,9 @@ def test_a_task_from_python_is_a_small_file_its_data_a_file_beside_it(tmp_path):
     """The arrays go into a data file as their own bytes (pickle protocol 5, no base64 text);
     the task file is a few lines that load it by a path relative to itself, and refuses in
     one line when the data beside it is missing or was changed."""
-    import pickle
-
     import numpy as np
 
+    from tuner.api import data_file
     from tuner.api.task_writer import task_objects, write_task
     from tuner.errors import TaskError
     from tuner.worker.task.task_loader import load_task
@@ -154,9 +153,10 @@ def test_a_task_from_python_is_a_small_file_its_data_a_file_beside_it(tmp_path):
     assert "b64" not in text and f"{data.stat().st_size:,} bytes" in text
     raw = x.nbytes + y.nbytes
     assert raw < data.stat().st_size < raw + 5_000
-    with data.open("rb") as file:
-        kept = pickle.load(file)["train_data"]()
+    kept = data_file.load(data)["train_data"]()
     assert np.array_equal(kept[0], x) and np.array_equal(kept[1], y)
+    # the arrays are the file's pages, mapped, not a copy: writable, copied only where written
+    assert not kept[0].flags.owndata and kept[0].flags.writeable
     loaded = load_task(str(path)).train_data()
     assert np.array_equal(loaded[0], x) and np.array_equal(loaded[1], y)
     assert not list(tmp_path.glob(".*"))       # no partial file left behind
@@ -203,7 +203,8 @@ def test_ray_ships_a_task_once_not_with_every_trial(tmp_path, monkeypatch):
     payloads = [executor._with_source(TrialSpec(number, str(path), {}, 10, 2))
                 for number in range(5)]
     data = (tmp_path / "from_python.pkl").read_bytes()
-    assert put == [path.read_text(), data] and len(data) > x.nbytes
+    assert put[0] == path.read_text() and put[1].tobytes() == data and len(data) > x.nbytes
+    assert not put[1].flags.owndata            # the file's pages, not a copy in the driver
     assert max(len(pickle.dumps(payload)) for payload in payloads) < 2_000
     assert all(TrialSpec.from_dict(payload).task_path == str(path) for payload in payloads)
 

@@ -3,29 +3,28 @@
 small task file that loads it, so that a worker loads it like any task file, on this machine
 or on a Ray node (tuner.execution.task_shipping ships both).
 
-The data file is written once per ``tune()`` call, with pickle protocol 5: NumPy arrays go in
-as their raw bytes (no base64 text, which was 1.33x their size) and stream to the file (no
-second copy in memory). The task file defines the task contract's names at its top level, as
-a hand-written one does, and names its data's size and SHA-256: new data makes a new task
-file, and a Ray worker's copy of a task follows its file's content.
+The data file is written once per ``tune()`` call (tuner.api.data_file): NumPy arrays go in
+as their raw bytes, streamed to the file, and a worker maps them rather than reading them, so
+the workers of a node share one copy. The task file defines the task contract's names at its
+top level, as a hand-written one does, and names its data's size and SHA-256: new data makes
+a new task file, and a Ray worker's copy of a task follows its file's content.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.api import data_file
 from tuner.errors import UsageError, first_line
 from tuner.execution.task_shipping import data_line
 
 _TEMPLATE = '''"""Written by tuner.tune() from objects defined in Python; do not edit (tune again).
 The objects (build_model, the data, the loss, ...) are in {name} beside this file:
-{size:,} bytes, pickled by cloudpickle."""
+{size:,} bytes, pickled by cloudpickle, their arrays mapped from it (tuner.api.data_file)."""
 from pathlib import Path
 
-import cloudpickle
+from tuner.api.data_file import load as _load
 
 {data_line}
 _DATA_BYTES = {size}
@@ -34,8 +33,7 @@ _DATA = Path(__file__).with_name(_DATA_NAME)
 if not _DATA.is_file() or _DATA.stat().st_size != _DATA_BYTES:
     raise FileNotFoundError(f"{{_DATA}} ({{_DATA_BYTES}} bytes), written by tuner.tune() beside "
                             "this task file, is missing or was changed: call tune() again")
-with _DATA.open("rb") as _file:
-    _TASK = cloudpickle.load(_file)
+_TASK = _load(_DATA)
 build_model = _TASK["build_model"]
 train_data = _TASK["train_data"]
 LOSS = _TASK["LOSS"]
@@ -175,30 +173,11 @@ def write_task(path: Path, objects: dict[str, Any]) -> Path:
     return path
 
 
-class _Hashed:
-    """A binary file that hashes what is written to it: the pickle is hashed as it streams
-    to the file, with no copy of it in memory."""
-
-    def __init__(self, file) -> None:
-        self.file, self.hash, self.size = file, hashlib.sha256(), 0
-
-    def write(self, chunk) -> int:
-        self.hash.update(chunk)
-        self.size += memoryview(chunk).nbytes
-        return self.file.write(chunk)
-
-
 def _pickle_to(path: Path, objects: dict[str, Any]) -> tuple[int, str]:
     """Pickle ``objects`` into ``path`` (whole or not at all); its size and SHA-256."""
-    import cloudpickle
-
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        with partial.open("wb") as file:
-            hashed = _Hashed(file)
-            cloudpickle.dump(objects, hashed, protocol=5)
+        return data_file.write(path, objects)
     except Exception as exc:  # noqa: BLE001 - any pickling error is the user's object
-        partial.unlink(missing_ok=True)
         if isinstance(exc, OSError):   # the disk's, not the objects'
             raise
         raise UsageError(f"tune(): the model, data or loss could not be pickled for the workers "
@@ -207,5 +186,3 @@ def _pickle_to(path: Path, objects: dict[str, Any]) -> tuple[int, str]:
                          "a function that builds the dataset (not one returning a dataset made "
                          "outside it), or the dataset object itself (tune() reads its first "
                          "batches).") from None
-    os.replace(partial, path)
-    return hashed.size, hashed.hash.hexdigest()
