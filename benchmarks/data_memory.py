@@ -1,8 +1,9 @@
 """The memory a tune of arrays given from Python holds: ``tuner.tune(train_data=(x, y))`` with
-``--gib`` GiB of arrays, ``executor="ray"`` and ``--workers`` (each takes a CPU: 2 on a 2-core machine), against the same tune of 0.01 GiB.
-Each tune runs in a fresh process; the peak of the summed proportional set size (PSS,
-``/proc/PID/smaps_rollup``: a page shared by k processes counts 1/k in each) of that process
-and every process under it (Ray's and its workers) is sampled every 0.2 s.
+``--gib`` GiB of arrays, ``executor="ray"`` and ``--workers`` (each takes a CPU: 2 on a 2-core
+machine), against the same tune of 0.01 GiB. Each tune runs in a fresh process; the peak of
+the summed proportional set size (PSS, ``/proc/PID/smaps_rollup``: a page shared by k
+processes counts 1/k in each) of that process and every process under it (Ray's and its
+workers) is sampled every 0.2 s.
 
     python benchmarks/data_memory.py [--gib 1.0] [--workers 2] [--out FILE]
 

@@ -87,3 +87,16 @@ def test_the_hardware_pages_ceiling_table_is_the_results_files_rendered():
     page = (ROOT / "docs" / "concepts" / "hardware.md").read_text()
     quoted = page.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0]
     assert quoted.strip() == bench.table(results)
+
+
+def test_the_python_pages_memory_figures_are_the_results_file():
+    results = json.loads((ROOT / "benchmarks" / "results" / "data_memory.json").read_text())
+    page = (ROOT / "docs" / "how-to" / "python.md").read_text()
+    page = " ".join(page.split())
+    small, large = results["after"]
+    assert f"peaked at {large['peak_pss_gib']} GiB of summed PSS" in page
+    assert f"against {small['peak_pss_gib']} GiB for 0.01 GiB of arrays" in page
+    assert f"the same tune peaked at {results['before'][1]['peak_pss_gib']} GiB" in page
+    # the bar: at most the caller's copy and one the node's workers share
+    assert large["peak_pss_gib"] <= 3.9 and large["peak_pss_gib"] < results["before"][1][
+        "peak_pss_gib"]
