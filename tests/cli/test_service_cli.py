@@ -109,7 +109,7 @@ def test_a_driver_left_from_a_killed_head_is_ended_before_its_job_is_queued_agai
     assert driver.wait(timeout=20) is not None
     assert not (intake / job_book.DRIVER_PID).exists()
     listed = subprocess.run(["pgrep", "-s", str(driver.pid)], capture_output=True, text=True)
-    left = [pid for pid in listed.stdout.split() if not job_book._zombie(int(pid))]
+    left = [pid for pid in listed.stdout.split() if service.alive(int(pid))]
     assert left == []                                      # its child went with it
     # a pid since taken by another process is left alone
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

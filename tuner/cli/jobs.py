@@ -17,9 +17,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import UsageError, first_line
 from tuner.records.mlflow_stores import TRIALS_QUERY
 from tuner.service import job_book
-from tuner.service.client import (
-    Service,
-)
+from tuner.service.client import Service
 from tuner.service.limits import ServiceLimits
 
 

@@ -24,8 +24,9 @@ Where things are (``DIR``: the service directory)::
 ``submit`` writes the submission, the files and a stop through MLflow's artifact proxy (the
 service's own MLflow server writes them under its artifact root: tuner.service.intake), the
 submission before it sends the job to Ray, so a job is on disk before it is in any queue. The
-job's entrypoint (tuner.cli.handoff) writes the rest. Plain files and the standard library:
-the entrypoint reads this on every job's start-up path.
+job's entrypoint (tuner.cli.handoff) writes the rest. Plain files, the standard library and
+the service's record (tuner.service.service_info, for whether a process lives): the entrypoint
+reads this on every job's start-up path.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tuner.service.service_info import SERVICE_FILE, alive
 
 INTAKE = "queue"                       # under MLflow's artifact root: the submissions
 SUBMISSION = "job.json"
@@ -203,11 +206,10 @@ class RunningJob:
         """Is the service's Ray head (``service.json``'s ``ray_pid``) still running? A driver
         that fails as the head dies under it (Ray 2.40's exits at once) has not failed."""
         try:
-            pid = int(json.loads((self.service_dir / "service.json").read_text())["ray_pid"])
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            pid = int(json.loads((self.service_dir / SERVICE_FILE).read_text())["ray_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
             return False
-        return state != "Z"
+        return alive(pid)
 
     def ended(self, rc: int) -> None:
         outcome = {"outcome": outcome_of(rc), "rc": rc, "ended_at": time.time()}
@@ -241,17 +243,9 @@ def end_leftover_driver(job: BookedJob) -> bool:
             except (ProcessLookupError, PermissionError):
                 break
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() \
-                and not _zombie(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.2)
-        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+        if not alive(pid):
             break
     (job.intake / DRIVER_PID).unlink(missing_ok=True)
     return True
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
