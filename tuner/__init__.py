@@ -33,6 +33,7 @@ _WHERE = {
     "tune": "tuner.api.tuning", "TuneResult": "tuner.api.result", "Speedup": "tuner.api.result",
     "load_result": "tuner.api.result", "Objective": "tuner.judging.objective",
     "PrecisionGuard": "tuner.apply.guard.callback", "GuardError": "tuner.errors",
+    "LoopGuard": "tuner.apply.guard.loop",
     "GuardEvent": "tuner.apply.guard.events",
 }
 __all__ = [*_WHERE, "__version__"]

@@ -79,3 +79,11 @@ class PrecisionConfig(ConfigData):
         from tuner.apply.guard.callback import PrecisionGuard
 
         return PrecisionGuard(self, **options)
+
+    def loop_guard(self, model, optimizer, train_step, **options):
+        """The guard for a training loop of your own: ``guard.step(batch)`` trains one step
+        with ``train_step(model, optimizer, batch)`` and repairs what fails, as ``guard()``
+        does in ``fit``. See :class:`tuner.apply.guard.loop.LoopGuard`."""
+        from tuner.apply.guard.loop import LoopGuard
+
+        return LoopGuard(self, model, optimizer, train_step, **options)

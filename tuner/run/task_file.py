@@ -3,8 +3,9 @@
 The task-file contract (docs/how-to/task-files.md): ``build_model()``, ``train_data()`` and
 ``LOSS`` are required; ``make_optimizer()``, ``BATCH_SIZE``, ``METRICS``, ``val_data()`` and
 ``val_metric(model)`` are optional. A task that compiles its model itself
-(``compile_model(model, wrap_optimizer)``: a GAN, any model with its own ``compile``) needs no
-``LOSS``.
+(``compile_model(model, wrap_optimizer)``: a GAN, any model with its own ``compile``) or hands
+the tuner its own training step (``train_step(model, optimizer, batch)``: a custom loop's)
+needs no ``LOSS``.
 The worker checks what only running the code can show (what ``train_data()`` returns).
 """
 
@@ -19,7 +20,10 @@ from tuner.dependency_versions import declared_range
 from tuner.errors import TaskError, UsageError
 
 REQUIRED = ("build_model", "train_data", "LOSS")
-OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data", "val_metric", "compile_model")
+OPTIONAL = ("make_optimizer", "BATCH_SIZE", "METRICS", "val_data", "val_metric", "compile_model",
+            "train_step", "CLASS_WEIGHT")
+# Either of these trains the model with losses of its own: LOSS is then optional.
+OWN_TRAINING = ("compile_model", "train_step")
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
@@ -59,11 +63,12 @@ def check_task_file(path: str | Path) -> Path:
     has_star_import = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
                           for n in tree.body)
     missing = [name for name in REQUIRED if name not in names
-               and not (name == "LOSS" and "compile_model" in names)]
+               and not (name == "LOSS" and names.intersection(OWN_TRAINING))]
     if missing and not has_star_import:
         raise TaskError(f"task file {path} does not define {', '.join(missing)}. A task file must "
-                        "define build_model(), train_data() and LOSS, or compile_model(model, "
-                        "wrap_optimizer) instead of LOSS (see docs/how-to/task-files.md).")
+                        "define build_model(), train_data() and LOSS, or instead of LOSS "
+                        "compile_model(model, wrap_optimizer) or train_step(model, optimizer, "
+                        "batch) (see docs/how-to/task-files.md).")
     return path.resolve()
 
 

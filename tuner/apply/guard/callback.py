@@ -130,6 +130,11 @@ class PrecisionGuard(keras.callbacks.Callback):
     def snapshot_bytes(self) -> int:
         return self._training.snapshot_bytes
 
+    def keep(self, batch: Any) -> None:
+        """Keep ``batch`` as the one a failure is diagnosed on: for a loop that is not ``fit``
+        (tuner.apply.guard.loop), which hands each batch over before its step."""
+        self._training.keeper.keep(self.model, batch)
+
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
         model = self.model

@@ -134,6 +134,11 @@ class BatchKeeper:
             model.train_function = self._keras_function
         self._model = self._keras_function = None
 
+    def keep(self, model: keras.Model, batch: Any) -> None:
+        """Keep ``batch``, by reference: a loop that is not ``fit`` hands each batch over itself
+        (tuner.apply.guard.loop)."""
+        self._model, self._batch, self._joined = model, batch, None
+
     def batch(self) -> Any | None:
         """The last batch in its own structure, or None before the first step (under a
         strategy its replicas' shares put back together, once per batch, when first asked)."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.task.fit_inputs import as_input, first_elements, with_class_weight
+from tuner.worker.task.task_model import compiling_own_step
 
 
 @dataclass
@@ -69,13 +70,19 @@ def load_task(path: str) -> Task:
                         f"{first_line(exc)}. Fix the task file.") from exc
     finally:
         sys.path.remove(str(resolved.parent))
-    compiles_itself = hasattr(module, "compile_model")
+    compiles_itself = hasattr(module, "compile_model") or hasattr(module, "train_step")
     for name in ("build_model", "train_data") + (() if compiles_itself else ("LOSS",)):
         if not hasattr(module, name):
             raise TaskError(f"task file {resolved.name} does not define {name}. A task file must "
                             "define build_model(), train_data() and LOSS, or compile_model(model, "
-                            "wrap_optimizer) instead of LOSS.")
-    for name in ("build_model", "train_data", "compile_model", "val_metric", "val_data"):
+                            "wrap_optimizer) or train_step(model, optimizer, batch) instead of "
+                            "LOSS.")
+    if hasattr(module, "compile_model") and hasattr(module, "train_step"):
+        raise TaskError(f"task file {resolved.name} defines both compile_model and train_step. "
+                        "Keep one: train_step(model, optimizer, batch) for a custom loop's step, "
+                        "compile_model(model, wrap_optimizer) for a model with its own compile.")
+    for name in ("build_model", "train_data", "compile_model", "train_step", "val_metric",
+                 "val_data", "make_optimizer"):
         if hasattr(module, name) and not callable(getattr(module, name)):
             raise TaskError(f"{name} in {resolved.name} must be a function. Received: "
                             f"{name}={describe(getattr(module, name))}")
@@ -88,7 +95,9 @@ def load_task(path: str) -> Task:
                 make_optimizer=getattr(module, "make_optimizer", None),
                 batch_size=batch_size, metrics=getattr(module, "METRICS", None),
                 val_data=getattr(module, "val_data", None),
-                compile_model=getattr(module, "compile_model", None),
+                compile_model=getattr(module, "compile_model", None) or (
+                    compiling_own_step(module, resolved.name)
+                    if hasattr(module, "train_step") else None),
                 val_metric=getattr(module, "val_metric", None),
                 class_weight=_class_weight(module, resolved.name))
     _loaded[key] = task

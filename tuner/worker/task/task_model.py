@@ -47,6 +47,38 @@ def compile_for_trial(model, task, config) -> Named:
     return compile_by_task(model, task, config.wrap_optimizer)
 
 
+def compiling_own_step(module, name: str) -> Callable:
+    """The ``compile_model`` of a task that hands the tuner its own training step,
+    ``train_step(model, optimizer, batch)`` (a custom loop's: tuner.apply.own_step): the
+    optimizers ``make_optimizer()`` makes (one, or a dict by name; default Adam) wrapped, the
+    model compiled with the task's ``LOSS`` (for evaluation; optional) and ``METRICS``, and the
+    step made the model's training step, which ``fit`` then runs in every trial."""
+
+    def compile_model(model, wrap_optimizer) -> None:
+        import keras
+
+        from tuner.apply import own_step
+        from tuner.errors import ConfigError
+
+        try:
+            made = module.make_optimizer() if hasattr(module, "make_optimizer") \
+                else keras.optimizers.Adam(1e-3)
+        except Exception as exc:
+            raise TaskError(f"make_optimizer() in {name} raised {type(exc).__name__}: "
+                            f"{first_line(exc)}. Fix the task file.") from exc
+        try:
+            own_step.named_optimizers(made, "make_optimizer()")
+        except ConfigError as exc:
+            raise TaskError(f"{name}: {exc}") from None
+        optimizer = own_step.each_optimizer(made, wrap_optimizer)
+        single = optimizer if isinstance(optimizer, keras.optimizers.Optimizer) else None
+        model.compile(optimizer=single or "rmsprop", loss=getattr(module, "LOSS", None),
+                      metrics=getattr(module, "METRICS", None), auto_scale_loss=False)
+        own_step.install(model, module.train_step, optimizer)
+
+    return compile_model
+
+
 def compile_by_task(model, task, wrap: Callable) -> Named:
     """Run the task's ``compile_model(model, wrap_optimizer)``, every optimizer it makes passed
     through ``wrap``; checked: it must wrap at least one optimizer and compile the model."""
