@@ -22,6 +22,9 @@ TESTED_EXAMPLES = {
         "tests/api/test_python_api.py::test_a_model_defined_in_main_tunes_and_its_pick_applies",
     "examples/apply_config.py": "tests/project/test_docs.py::test_the_apply_example_runs_as_shown",
     "examples/dcgan.py": "tests/e2e/test_own_compile_e2e.py::test_the_guides_gan_tunes_end_to_end",
+    "examples/gan_loop.py":
+        "tests/e2e/test_custom_loop_e2e.py::"
+        "test_the_gan_loop_example_tunes_and_then_trains_guarded_under_its_pick",
 }
 
 
