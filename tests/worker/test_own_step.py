@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, TASKS
 from tests.worker.test_own_compile import FLOAT16, trial, verdict
+from tuner.api.task_writer import LOSS_NOT_GIVEN
 from tuner.apply.config import PrecisionConfig
 from tuner.errors import TaskError
 from tuner.judging.verdict import Verdict
@@ -77,3 +78,37 @@ def test_the_step_is_the_models_own_until_the_trial_installs_it():
     own_step.uninstall(model)
     assert not own_step.installed(model) and "train_step" not in vars(model)
     assert type(model).train_step is keras.Sequential.train_step
+
+
+def test_tune_from_python_takes_a_train_step_without_a_loss(tmp_path):
+    """``tuner.tune(train_step=..., optimizer=...)``: the step and a dict of optimizers written
+    into the task file the workers load (no ``loss``: the step computes its own)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tuner.api.task_writer import task_objects, write_task
+
+    def build_model():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="body"),
+                                 keras.layers.Dense(1, name="head")])
+
+    def step(model, optimizer, batch):
+        x, y = batch
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_mean(tf.square(tf.cast(model(x, training=True), "float32")
+                                            - tf.reshape(y, (-1, 1))))
+            scaled = {name: opt.scale_loss(loss) for name, opt in optimizer.items()}
+        for name in ("body", "head"):
+            weights = model.get_layer(name).trainable_weights
+            optimizer[name].apply_gradients(zip(tape.gradient(scaled[name], weights), weights))
+        return loss
+
+    x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+    objects = task_objects(build_model, (x, x.sum(axis=1)), LOSS_NOT_GIVEN, train_step=step,
+                           optimizer=lambda: {"body": keras.optimizers.SGD(1e-2),
+                                              "head": keras.optimizers.Adam(1e-2)})
+    path = write_task(tmp_path / "from_python.py", objects)
+    result = trial(str(path), FLOAT16, steps=10)
+    assert result.outcome is TrialOutcome.COMPLETED, result.failure_message
+    assert [o["name"] for o in result.optimizers] == ["body_optimizer", "head_optimizer"]
+    assert result.losses[-1] < result.losses[0]

@@ -39,7 +39,7 @@ train_data = _TASK["train_data"]
 LOSS = _TASK["LOSS"]
 BATCH_SIZE = _TASK["BATCH_SIZE"]
 {optional}'''
-_OPTIONAL = ("make_optimizer", "val_data", "METRICS", "CLASS_WEIGHT")
+_OPTIONAL = ("make_optimizer", "train_step", "val_data", "METRICS", "CLASS_WEIGHT")
 
 
 class _NotGiven:
@@ -138,14 +138,19 @@ def _leaves(structure: Any) -> list:
 
 
 def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, metrics=None,
-                 batch_size=None, class_weight=None) -> dict[str, Any]:
+                 batch_size=None, class_weight=None, train_step=None) -> dict[str, Any]:
     """The task contract's names for these objects, checked: one-line UsageErrors."""
     missing = [name for name, value in (("build_model", build_model), ("train_data", train_data))
-               if value is None] + (["loss"] if loss is LOSS_NOT_GIVEN else [])
+               if value is None] + (["loss"] if loss is LOSS_NOT_GIVEN and train_step is None
+                                    else [])
     if missing:
         raise UsageError(f"tune() without a task file needs build_model, train_data and loss; "
                          f"missing: {', '.join(missing)}. Pass them (loss=None for a train_step "
                          "that computes its own loss), or a task file path.")
+    if train_step is not None and not callable(train_step):
+        raise UsageError(f"tune(): train_step must be a function train_step(model, optimizer, "
+                         f"batch) returning the step's loss. Received: train_step="
+                         f"{train_step!r:.80}")
     if not callable(build_model):
         raise UsageError(f"tune(): build_model must be a function returning a new, uncompiled "
                          f"Keras model. Received: build_model={build_model!r:.80}")
@@ -154,7 +159,8 @@ def task_objects(build_model, train_data, loss, optimizer=None, val_data=None, m
                          f"trial needs its own), e.g. lambda: keras.optimizers.Adam(1e-3). "
                          f"Received: optimizer={optimizer!r:.80}")
     objects = {"build_model": build_model, "train_data": _data_function("train_data", train_data),
-               "LOSS": loss, "BATCH_SIZE": 32 if batch_size is None else batch_size,
+               "LOSS": None if loss is LOSS_NOT_GIVEN else loss, "train_step": train_step,
+               "BATCH_SIZE": 32 if batch_size is None else batch_size,
                "make_optimizer": optimizer, "val_data": _data_function("val_data", val_data),
                "METRICS": metrics, "CLASS_WEIGHT": class_weight}
     return {name: value for name, value in objects.items()

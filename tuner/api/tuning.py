@@ -29,7 +29,8 @@ def tune(
     task: str | Path | None = None, *,
     build_model: Callable[[], Any] | None = None, train_data: Any = None,
     loss: Any = LOSS_NOT_GIVEN, optimizer: Callable[[], Any] | None = None,
-    val_data: Any = None, metrics: Any = None, batch_size: int | None = None,
+    train_step: Callable[[Any, Any, Any], Any] | None = None, val_data: Any = None,
+    metrics: Any = None, batch_size: int | None = None,
     class_weight: dict[int, float] | None = None,
     # -- what to try
     space: str | Path | None = None, trials: int | None = None, exhaustive: bool = False,
@@ -53,16 +54,18 @@ def tune(
     function returning one; a dataset object or a generator is read once here, its first 256
     batches at most) with ``loss`` (``None``: the model's ``train_step`` computes its own, as in
     ``compile(loss=None)``); ``optimizer`` is a function returning a new optimizer [default:
-    Adam(1e-3)], ``val_data`` as ``train_data``, ``class_weight`` as ``fit`` takes it. The
-    exported config goes to the run directory unless ``out`` says where. Interrupting (Ctrl-C,
-    a notebook's stop) ends the job as the CLI's Ctrl-C does: records closed, resumable with
-    the same ``run_dir``.
+    Adam(1e-3)] (for ``train_step``, or a dict of them by name); ``train_step(model, optimizer,
+    batch)``, a custom loop's step returning its loss, trained in every trial where ``fit``
+    runs Keras's (``loss`` then optional); ``val_data`` as ``train_data``, ``class_weight`` as
+    ``fit`` takes it. The exported config goes to the run directory unless ``out`` says where.
+    Interrupting (Ctrl-C, a notebook's stop) ends the job as the CLI's Ctrl-C does: records
+    closed, resumable with the same ``run_dir``.
 
     Every other keyword is a ``precision-tuner tune`` option under its Python name:
     """
     objects = {"build_model": build_model, "train_data": train_data, "loss": loss,
-               "optimizer": optimizer, "val_data": val_data, "metrics": metrics,
-               "batch_size": batch_size, "class_weight": class_weight}
+               "optimizer": optimizer, "train_step": train_step, "val_data": val_data,
+               "metrics": metrics, "batch_size": batch_size, "class_weight": class_weight}
     given = [name for name, value in objects.items()
              if value is not (LOSS_NOT_GIVEN if name == "loss" else None)]
     if task is not None and given:

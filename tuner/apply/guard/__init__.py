@@ -5,7 +5,8 @@ One shape: detectors (``detectors``: each answers "did this step or epoch fail, 
 it see?") give a typed failure (``failures``), which one repair ladder answers, its rungs
 tried in order (``ladder``) on one ``Trip`` each (``trip``), and each trip is a typed event
 (``events``) in ``guard.events``, MLflow and the lines of ``precision-tuner train``. ``callback``
-(``PrecisionGuard``) holds them together on Keras's hooks; ``training`` is what both sides share of
+(``PrecisionGuard``) holds them together on Keras's hooks, which ``loop`` (``LoopGuard``) drives
+from a training loop that is not ``fit``; ``training`` is what both sides share of
 the watched training (the model, the config as repaired, the snapshots, the kept batch, the loss
 scales).
 

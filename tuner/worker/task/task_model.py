@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tuner.errors import TaskError, describe, first_line
+from tuner.errors import ConfigError, TaskError, describe, first_line
 
 Named = list[tuple[str, Any]]   # (the model attribute holding it, the optimizer)
 
@@ -58,7 +58,6 @@ def compiling_own_step(module, name: str) -> Callable:
         import keras
 
         from tuner.apply import own_step
-        from tuner.errors import ConfigError
 
         try:
             made = module.make_optimizer() if hasattr(module, "make_optimizer") \
