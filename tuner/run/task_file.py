@@ -66,9 +66,9 @@ def check_task_file(path: str | Path) -> Path:
                and not (name == "LOSS" and names.intersection(OWN_TRAINING))]
     if missing and not has_star_import:
         raise TaskError(f"task file {path} does not define {', '.join(missing)}. A task file must "
-                        "define build_model(), train_data() and LOSS, or instead of LOSS "
-                        "compile_model(model, wrap_optimizer) or train_step(model, optimizer, "
-                        "batch) (see docs/how-to/task-files.md).")
+                        "define build_model(), train_data() and LOSS, or compile_model(model, "
+                        "wrap_optimizer) or train_step(model, optimizer, batch) instead of LOSS "
+                        "(see docs/how-to/task-files.md).")
     return path.resolve()
 
 
