@@ -52,7 +52,7 @@ def test_each_layer_line_is_its_worst_finding_and_counts_the_rest(residual):
     lines = {_layer_of(line): line for line in _finding_lines(console_lines(residual))}
     stem = lines["stem"]
     # Not the tiny features (float16 erases them whole, the noisiest): the worst that matters.
-    assert stem.startswith("stem (Dense) receives feature 5 (values 994.1..1004.9, spread 1.8): "
+    assert stem.startswith("stem (Dense) receives feature 2 (values 995.4..1005.4, spread 1.9): "
                            "bfloat16's step there is 4, 3 of 192 distinct values survive, so "
                            "a bfloat16 config must keep stem in float32")
     assert MORE.search(stem).group(1) == "5"   # the other 5 of its 6 readings
@@ -75,7 +75,7 @@ def test_features_zero_to_float32_too_are_left_out_of_the_console(residual):
     assert sum("e-21" in line for line in conclusions(residual)) == 2   # the records do
     assert [line for line in lines if line.startswith("left out:")] == [
         "left out: 2 input features that float16 rounds to 0 but that float32 drops too (at "
-        "most 3e-21, next to values 2^24 times larger in the same input): stem (2)"]
+        "most 3.6e-21, next to values 2^24 times larger in the same input): stem (2)"]
     # Nor do they make stem a candidate or reach a trial's input-rounding check.
     assert not any(e["feature"] in (6, 7) for e in residual["continuous_inputs"]
                    if e["layer"] == "stem")
@@ -87,7 +87,7 @@ def test_the_records_keep_every_finding(residual):
         assert f"- {describe_continuous(entry)}\n" in text
     for entry in residual["negligible_inputs"]:
         assert f"- {describe_negligible(entry)}\n" in text
-    assert "stem (Dense) receives feature 6 (values -3e-21..2.5e-21, spread 1e-21): float16 " \
+    assert "stem (Dense) receives feature 6 (values -2.8e-21..2.3e-21, spread 9.6e-22): float16 " \
            "rounds its 192 distinct values all to 0, but next to the 1.01e+03 its input also " \
            "carries it is zero to float32 too, so it keeps stem in no config's float32" in text
     # What the worker counted but kept only the worst 3 of: counted in the records too.

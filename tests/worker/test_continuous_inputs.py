@@ -115,7 +115,7 @@ def test_no_trial_fails_on_a_feature_float32_drops_too():
     result = TrialResult.from_dict(run_trial(spec.to_dict()))
     assert result.failure_class is FailureClass.INPUT_ROUNDING, result.failure_message
     assert result.failure_layer == "block_0"
-    assert "feature 7 of its inputs (values 1033.2..1040.5" in result.failure_message
+    assert "feature 7 of its inputs (values 1032.8..1040" in result.failure_message
 
 
 # -- diagnostics ----------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_diagnostics_name_the_layer_and_the_coordinates(geo_diagnostics):
     assert all(e["erased_in"] == ["bfloat16"] for e in entries)  # float16 keeps enough of them
     assert geo_diagnostics["candidates"][0] == "normalization"
     assert "normalization (Normalization) receives feature 0 (values -122.5..-121.8, spread " \
-        "0.21): bfloat16's step there is 0.5, 2 of 192 distinct values survive, so a bfloat16 " \
+        "0.20): bfloat16's step there is 0.5, 2 of 192 distinct values survive, so a bfloat16 " \
         "config must keep normalization in float32" in conclusions(geo_diagnostics)
 
 
@@ -193,7 +193,7 @@ def test_mixed_bfloat16_fails_before_training_naming_the_layer(geo_diagnostics):
     assert result.failure_layer == "normalization" and not result.losses
     assert result.failure_message == (
         "input rounding in layer normalization: feature 0 of its inputs (values "
-        "-122.5..-121.8, spread 0.21) is cast to bfloat16, whose step there is 0.5: 2 of 192 "
+        "-122.5..-121.8, spread 0.20) is cast to bfloat16, whose step there is 0.5: 2 of 192 "
         "distinct values survive; fix: keep normalization in float32 (float32.layers: "
         "[normalization]) or subtract the feature's offset before the model")
 

@@ -3,11 +3,12 @@ its own process by ``precision-tuner train``:
 ``python -m tuner.worker.programs.one_training TASK CONFIG|float32 EPOCHS [--no-guard]``.
 
 It trains as a user's script does (the public API: ``cfg.scope()``, ``cfg.wrap_optimizer()``,
-``cfg.guard()``), validates every epoch on the task's ``val_data()`` (without one, on the last
-20% of NumPy training data, which it then does not train on; without labels either, it does not
-validate: the training loss is compared), keeps the data's sample weights, and writes one line
-per epoch (``PT-EPOCH {...}``) and one at the end (``PT-DONE {...}``: the history, the guard's
-events and the amended config) on stdout (tuner.apply.guard.mlflow_record).
+``cfg.guard()``), validates every epoch on the task's ``val_data()`` (without one, on the 20%
+of NumPy training data the tuner's trials hold back, spread over the data, which it then does
+not train on; without labels either, it does not validate: the training loss is compared),
+keeps the data's sample weights, and writes one line per epoch (``PT-EPOCH {...}``) and one at
+the end (``PT-DONE {...}``: the history, the guard's events and the amended config) on stdout
+(tuner.apply.guard.mlflow_record).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import guard_record
 from tuner.process_lines import DONE, EPOCH, line
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.task.task_loader import HELD_BACK_SHARE, load_task, rows, sample_count
+from tuner.worker.task.task_loader import held_back_split, load_task, rows, sample_count
 from tuner.worker.task.task_model import compile_for_trial
 
 
@@ -36,13 +37,13 @@ def _fit_data(task) -> dict:
            "shuffle": False}
     if task.val_data is not None:
         fit["validation_data"] = task.val_data()
-    elif y is not None:  # the share the tuner's trials hold back too
+    elif y is not None:  # the rows the tuner's trials hold back too
         parts = [part for part in (x, y, sample_weight) if part is not None]
-        keep = int(sample_count(parts) * (1 - HELD_BACK_SHARE))
-        trained = rows(parts, 0, keep)
+        trained_rows, held_rows = held_back_split(sample_count(parts))
+        trained = rows(parts, trained_rows)
         fit.update(x=trained[0], y=trained[1],
                    sample_weight=trained[2] if sample_weight is not None else None,
-                   validation_data=rows(parts, keep, None))
+                   validation_data=rows(parts, held_rows))
     return fit
 
 

@@ -2,10 +2,13 @@
 
 Two lists, materialised once per worker: the training batches every trial trains on, in one
 fixed order, and the validation batches every trial is evaluated on (``validation_batches``):
-from the task's ``val_data()``, or, without one, a held-back slice of the training data that
-no trial trains on (the last 20% of NumPy samples, as ``long-train`` holds back; for a dataset,
-the batches after the run's pool, or the last fifth of a shorter epoch). Past 300 lines: both
-lists come from one scan of the same data and share its caches.
+from the task's ``val_data()``, or, without one, a held-back share of the training data that
+no trial trains on (20% of NumPy samples; for a dataset, the batches after the run's pool, or
+the last fifth of a shorter epoch). Arrays are sampled spread over the data, not read in file
+order (``spread_order``: one seeded permutation, the same in every worker and trial), so data
+sorted by class gives every batch, and the held-back share, a mix; a dataset's batches come in
+the order its pipeline yields them (shuffle there, as for ``fit``). Past 300 lines: both lists
+come from one scan of the same data and share its caches.
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ _held_back: dict[tuple[str, int], list] = {}   # same key: the slice no trial tr
 # scatter (the validation noise) can be measured.
 VAL_BATCHES = 8
 HELD_BACK_SHARE = 0.2
+# The seed of the one permutation arrays are sampled in (``spread_order``).
+SAMPLE_SEED = 0
 
 
 def fixed_batches(task: Task, steps: int) -> list[tuple]:
@@ -237,7 +242,8 @@ def _data_of(task: Task, function, name: str):
 def _validation_from(task: Task) -> list[tuple]:
     data = _data_of(task, task.val_data, "val_data()")
     if isinstance(data, (tuple, list)):
-        elements = _validation_split(_array_parts(task, data, "val_data()"), task.batch_size)
+        parts = _array_parts(task, data, "val_data()")
+        elements = _validation_split(parts, spread_order(sample_count(parts)), task.batch_size)
     else:
         elements, _ = _scan_dataset(task, data, VAL_BATCHES, "val_data()")
     return _as_tensors(task, elements[:VAL_BATCHES], "val_data()")
@@ -305,12 +311,13 @@ def _array_parts(task: Task, data, source: str = "train_data()") -> list:
     return parts
 
 
-def rows(parts: list, start: int, stop: int) -> tuple:
-    """Rows ``start:stop`` of every part (``[x, y]`` or ``[x, y, sample_weight]``, nested x
-    included)."""
+def rows(parts: list, which) -> tuple:
+    """The rows ``which`` (a slice, or an array of row indices) of every part (``[x, y]`` or
+    ``[x, y, sample_weight]``, nested x included); an array of a mapped data file reads only
+    those rows."""
     import tensorflow as tf
 
-    return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[start:stop], p) for p in parts)
+    return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[which], p) for p in parts)
 
 
 def sample_count(parts: list) -> int:
@@ -318,30 +325,45 @@ def sample_count(parts: list) -> int:
     return next(iter(_leading_dims(parts)))
 
 
-def _validation_split(parts: list, batch_size: int) -> list[tuple]:
-    """At most ``VAL_BATCHES`` equal batches of at most ``batch_size`` samples from ``parts``."""
-    samples = sample_count(parts)
-    size = min(batch_size, samples // VAL_BATCHES) or 1
-    count = min(VAL_BATCHES, samples // size)
-    return [rows(parts, index * size, (index + 1) * size) for index in range(count)] \
+def spread_order(samples: int) -> np.ndarray:
+    """The order arrays are sampled in: one seeded permutation of their rows, the same for
+    every trial and every worker (and for ``precision-tuner train``)."""
+    return np.random.default_rng(SAMPLE_SEED).permutation(samples)
+
+
+def held_back_split(samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows trained on and the rows held back for validation where the task has no
+    ``val_data()``: ``HELD_BACK_SHARE`` of them, spread over the data, both in
+    ``spread_order``."""
+    order = spread_order(samples)
+    kept = samples - max(2, int(samples * HELD_BACK_SHARE))
+    return order[:kept], order[kept:]
+
+
+def _validation_split(parts: list, order: np.ndarray, batch_size: int) -> list[tuple]:
+    """At most ``VAL_BATCHES`` equal batches of at most ``batch_size`` samples, the rows
+    ``order`` names, taken in that order."""
+    size = min(batch_size, len(order) // VAL_BATCHES) or 1
+    count = min(VAL_BATCHES, len(order) // size)
+    return [rows(parts, order[index * size:(index + 1) * size]) for index in range(count)] \
         if count >= 2 else []
 
 
 def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]]:
     parts = _array_parts(task, data)
-    samples = sample_count(parts)
+    order = spread_order(sample_count(parts))
     held: list[tuple] = []
-    if task.val_data is None and samples >= 2 * task.batch_size:
-        train = samples - max(2, int(samples * HELD_BACK_SHARE))
-        held = _validation_split(list(rows(parts, train, samples)), task.batch_size)
-        samples = train
-    per_epoch = samples // task.batch_size
+    if task.val_data is None and len(order) >= 2 * task.batch_size:
+        order, held_rows = held_back_split(len(order))
+        held = _validation_split(parts, held_rows, task.batch_size)
+    per_epoch = len(order) // task.batch_size
     if per_epoch == 0:
-        raise TaskError(f"train_data() in {task.path.name} has {samples} samples, fewer than "
-                        f"BATCH_SIZE={task.batch_size}. Lower BATCH_SIZE or provide more data.")
-    batches = [rows(parts, index * task.batch_size, (index + 1) * task.batch_size)
-               for index in range(min(steps, per_epoch))]
-    return batches, held
+        raise TaskError(f"train_data() in {task.path.name} has {len(order)} samples, fewer "
+                        f"than BATCH_SIZE={task.batch_size}. Lower BATCH_SIZE or provide more "
+                        "data.")
+    size = task.batch_size
+    return [rows(parts, order[index * size:(index + 1) * size])
+            for index in range(min(steps, per_epoch))], held
 
 
 def _from_dataset(task: Task, dataset, steps: int) -> tuple[list[tuple], list[tuple]]:
