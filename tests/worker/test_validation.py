@@ -30,17 +30,37 @@ def _ids(batches):
     return {float(v) for batch in batches for v in np.asarray(batch[0]).ravel()}
 
 
-def test_arrays_without_val_data_hold_back_their_last_fifth(tmp_path):
-    task = _task(tmp_path, """
+def test_arrays_without_val_data_hold_back_a_fifth_spread_over_them(tmp_path):
+    """Data sorted by class (the first half 0, the second 1): every training batch and the
+    held-back fifth are a mix, drawn by one seeded permutation; no trial trains on a held-back
+    sample; a second worker (the task loaded afresh) draws exactly the same; and
+    ``precision-tuner train`` holds back exactly those rows too."""
+    from tuner.worker.programs.one_training import _fit_data
+    from tuner.worker.task import task_loader
+
+    data = """
 def train_data():
     x = np.arange(400, dtype="float32")[:, None]
-    return x, x
-""")
-    trained = _ids(fixed_batches(task, 50))
+    return x, (x >= 200).astype("float32")
+"""
+    task = _task(tmp_path, data)
+    batches = fixed_batches(task, 50)
     held, source = validation_batches(task, 50)
     assert source == "held-back" and len(held) == VAL_BATCHES
-    assert min(_ids(held)) >= 320 and not trained & _ids(held)   # the last 80 samples
-    assert max(trained) < 320
+    trained = _ids(batches)
+    assert len(batches) == 320 // 16 and len(trained) == 320 and not trained & _ids(held)
+    for batch in batches + held:   # each batch holds both classes
+        assert set(np.asarray(batch[1]).ravel()) == {0.0, 1.0}
+    assert max(_ids(held)) > 300 and min(_ids(held)) < 100   # spread, not the last rows
+
+    task_loader.forget_tasks()
+    again = _task(tmp_path, data)
+    assert [np.asarray(b[0]).tolist() for b in fixed_batches(again, 50)] == \
+        [np.asarray(b[0]).tolist() for b in batches]
+    fit = _fit_data(again)
+    held_rows = {float(v) for v in np.asarray(fit["validation_data"][0]).ravel()}
+    assert held_rows >= _ids(held) and len(held_rows) == 80
+    assert not held_rows & {float(v) for v in np.asarray(fit["x"]).ravel()}
 
 
 def test_a_dataset_without_val_data_holds_back_the_batches_after_the_pool(tmp_path):

@@ -18,8 +18,9 @@ import sys
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import guard_record
 from tuner.process_lines import DONE, EPOCH, line
+from tuner.worker.task.array_rows import held_back_split, rows, sample_count
 from tuner.worker.task.keras_state import reset_keras_state
-from tuner.worker.task.task_loader import held_back_split, load_task, rows, sample_count
+from tuner.worker.task.task_loader import load_task
 from tuner.worker.task.task_model import compile_for_trial
 
 

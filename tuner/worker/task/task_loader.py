@@ -23,6 +23,15 @@ from typing import Any, Callable
 import numpy as np
 
 from tuner.errors import TaskError, describe, first_line
+from tuner.worker.task.array_rows import (
+    VAL_BATCHES,
+    held_back_split,
+    leading_dims,
+    rows,
+    sample_count,
+    spread_order,
+    validation_split,
+)
 from tuner.worker.task.fit_inputs import as_input, first_elements, with_class_weight
 from tuner.worker.task.task_model import compiling_own_step
 
@@ -185,14 +194,6 @@ def _write_once(path: Path, content: Callable[[], bytes]) -> None:
 _batch_cache: dict[tuple[str, int], list] = {}
 _held_back: dict[tuple[str, int], list] = {}   # same key: the slice no trial trains on
 
-# Validation: at most this many batches, of at most the training batch size (an evaluation
-# step costs about a third of a training step, so 8 batches stay a few steps' time); arrays
-# with fewer samples are split into this many smaller batches, so that their batch-to-batch
-# scatter (the validation noise) can be measured.
-VAL_BATCHES = 8
-HELD_BACK_SHARE = 0.2
-# The seed of the one permutation arrays are sampled in (``spread_order``).
-SAMPLE_SEED = 0
 
 
 def fixed_batches(task: Task, steps: int) -> list[tuple]:
@@ -243,7 +244,7 @@ def _validation_from(task: Task) -> list[tuple]:
     data = _data_of(task, task.val_data, "val_data()")
     if isinstance(data, (tuple, list)):
         parts = _array_parts(task, data, "val_data()")
-        elements = _validation_split(parts, spread_order(sample_count(parts)), task.batch_size)
+        elements = validation_split(parts, spread_order(sample_count(parts)), task.batch_size)
     else:
         elements, _ = _scan_dataset(task, data, VAL_BATCHES, "val_data()")
     return _as_tensors(task, elements[:VAL_BATCHES], "val_data()")
@@ -287,18 +288,11 @@ def _refuse_non_finite(task: Task, elements: list[tuple], source: str = "train_d
                                     "data before tuning.")
 
 
-def _leading_dims(structure: Any) -> set[int]:
-    import tensorflow as tf
-
-    return {int(np.shape(leaf)[0]) if np.ndim(leaf) else -1
-            for leaf in tf.nest.flatten(structure)}
-
-
 def _array_parts(task: Task, data, source: str = "train_data()") -> list:
     """``[x, y]`` or ``[x, y, sample_weight]`` with one row per sample (checked)."""
     # fit(x, y, sample_weight=None) hands train_step (x, y): no trailing None.
     parts = list(data[:2]) if len(data) == 3 and data[2] is None else list(data)
-    sizes = _leading_dims(parts)
+    sizes = leading_dims(parts)
     if -1 in sizes:
         raise TaskError(f"{source} in {task.path.name} returned numbers where arrays with one "
                         f"row per sample belong (a Python list is read as separate values). "
@@ -311,51 +305,13 @@ def _array_parts(task: Task, data, source: str = "train_data()") -> list:
     return parts
 
 
-def rows(parts: list, which) -> tuple:
-    """The rows ``which`` (a slice, or an array of row indices) of every part (``[x, y]`` or
-    ``[x, y, sample_weight]``, nested x included); an array of a mapped data file reads only
-    those rows."""
-    import tensorflow as tf
-
-    return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[which], p) for p in parts)
-
-
-def sample_count(parts: list) -> int:
-    """The parts' one number of rows."""
-    return next(iter(_leading_dims(parts)))
-
-
-def spread_order(samples: int) -> np.ndarray:
-    """The order arrays are sampled in: one seeded permutation of their rows, the same for
-    every trial and every worker (and for ``precision-tuner train``)."""
-    return np.random.default_rng(SAMPLE_SEED).permutation(samples)
-
-
-def held_back_split(samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows trained on and the rows held back for validation where the task has no
-    ``val_data()``: ``HELD_BACK_SHARE`` of them, spread over the data, both in
-    ``spread_order``."""
-    order = spread_order(samples)
-    kept = samples - max(2, int(samples * HELD_BACK_SHARE))
-    return order[:kept], order[kept:]
-
-
-def _validation_split(parts: list, order: np.ndarray, batch_size: int) -> list[tuple]:
-    """At most ``VAL_BATCHES`` equal batches of at most ``batch_size`` samples, the rows
-    ``order`` names, taken in that order."""
-    size = min(batch_size, len(order) // VAL_BATCHES) or 1
-    count = min(VAL_BATCHES, len(order) // size)
-    return [rows(parts, order[index * size:(index + 1) * size]) for index in range(count)] \
-        if count >= 2 else []
-
-
 def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]]:
     parts = _array_parts(task, data)
     order = spread_order(sample_count(parts))
     held: list[tuple] = []
     if task.val_data is None and len(order) >= 2 * task.batch_size:
         order, held_rows = held_back_split(len(order))
-        held = _validation_split(parts, held_rows, task.batch_size)
+        held = validation_split(parts, held_rows, task.batch_size)
     per_epoch = len(order) // task.batch_size
     if per_epoch == 0:
         raise TaskError(f"train_data() in {task.path.name} has {len(order)} samples, fewer "
@@ -397,7 +353,7 @@ def _scan_dataset(task: Task, dataset, count: int, source: str) -> tuple[list[tu
                             f"(x, y, sample_weight) batches. Received an element: "
                             f"{describe(element)}")
         element = tuple(element)
-        dims = _leading_dims(element)
+        dims = leading_dims(element)
         if first_dims is None:
             if min(len(tf.nest.flatten(element[0])[0].shape), 1) == 0:
                 raise TaskError(f"{source} in {task.path.name} yields unbatched scalars; "

@@ -1,0 +1,48 @@
+"""The example run on docs/getting-started.md is generated, not edited: the page holds
+docs/demo_transcript.py's block between its markers, and the script still finds, in what the
+tuner prints today, every line the page shows (a change to the console that the script no
+longer reads fails here, not silently on the page)."""
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("demo_transcript",
+                                                  ROOT / "docs" / "demo_transcript.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_page_holds_the_scripts_block():
+    script = _script()
+    page = script.PAGE.read_text()
+    start, end = page.index(script.BEGIN), page.index(script.END)
+    shown = page[start:end].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    assert page.count(script.BEGIN) == page.count(script.END) == 1
+    assert page[start:end + len(script.END)] == script.block(shown, *_date_and_cpu(page, script))
+    trials = [line for line in shown if script.TRIAL_LINE.match(line)]
+    assert trials and shown[len(trials)].startswith("best:")
+    assert all(len(line) <= script.WIDTH for line in shown[len(trials):])
+
+
+def _date_and_cpu(page: str, script) -> tuple[str, str]:
+    """The date and CPU the page's block names (what ``block`` was given)."""
+    head = page[page.index(script.BEGIN):].split("\n")[1]
+    cpu, when = head.split("on this machine: ", 1)[1].split(" (generated")[0].rsplit(", ", 1)
+    return when, cpu
+
+
+def test_the_script_reads_what_the_tuner_prints(tuned):
+    _, _, output = tuned
+    lines = _script().shown_lines(output)
+    trials = [line for line in lines if line.startswith("  #")]
+    assert len(trials) >= 3 and trials[0].split()[1] == "float32"
+    summary = lines[len(trials):]
+    assert summary[0].startswith("best: ")
