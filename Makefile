@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-lowest browser demo test test-quick test-lowest test-mutants docs docs-serve ui \
+.PHONY: setup setup-lowest browser demo transcript test test-quick test-lowest test-mutants docs docs-serve ui \
 	wheel clean
 
 setup: $(STAMP)
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/precision-tuner tune examples/digits_mlp.py --space quick \
 		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json
+
+# The example run on docs/getting-started.md, from a real tune of the demo on this machine.
+transcript: setup
+	$(BIN)/python docs/demo_transcript.py
 
 # The tiers (tests/conftest.py): unit, fast, cli, slow, system, and a few slow "canary" tests.
 # `make test-quick`: lint, types, the unit tier on its own, then fast + cli + canary side by side;

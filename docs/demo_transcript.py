@@ -3,18 +3,19 @@
 page should show.
 
 It runs the same command as ``make demo`` (a run directory in a temporary folder), keeps what
-the page shows of its output (every trial's line, then the summary's ``best:``,
-``re-measurement:`` and ``confirmation:`` lines, each wrapped as the page wraps them) and writes
-them, with the date and the machine's CPU, between the page's transcript markers. The page's
-transcript is therefore one the current code printed, never an edited one;
-tests/project/test_transcript.py holds the page to this script's form and the script to what
-the tuner prints.
+the page shows of its output (a policy the machine's ceiling skipped, every trial's line, then
+the summary's ``best:``, ``re-measurement:`` and ``confirmation:`` lines, each wrapped as the
+page wraps them) and writes them, with the date and the machine's CPU, between the page's
+transcript markers. The page's transcript is therefore one the current code printed, never an
+edited one; tests/e2e/test_demo_transcript.py holds the page to this script's form and the
+script to what the tuner prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ PAGE = ROOT / "docs" / "getting-started.md"
 BEGIN, END = "<!-- transcript: begin -->", "<!-- transcript: end -->"
 TRIAL_LINE = re.compile(r"^  #\d+\s+\S.*\s(stable|unstable|failed|pruned|skipped)\b")
 SUMMARY_HEADS = ("best:", "re-measurement:", "confirmation:")
+SKIPPED = ("space: skipping",)   # a policy this machine's ceiling rules out, and why
 WIDTH = 95
 
 
@@ -36,27 +38,35 @@ def demo_command(run_dir: Path, out: Path) -> list[str]:
             "--space", "quick", "--run-dir", str(run_dir), "--out", str(out)]
 
 
-def shown_lines(output: str) -> list[str]:
-    """What the page shows of a tune's console output: the trial lines, then the summary's
-    headline lines, each joined from the console's wrapping and wrapped at ``WIDTH``."""
-    lines = output.splitlines()
-    trials = [line.rstrip() for line in lines if TRIAL_LINE.match(line)]
-    summary: list[str] = []
+def _items(lines: list[str], heads: tuple[str, ...]) -> list[str]:
+    """The console's lines that start with one of ``heads``, each joined with the rest the
+    console wrapped onto the next lines (which start unindented, where a table's rows do not)
+    and wrapped at ``WIDTH``."""
+    items: list[str] = []
     for index, line in enumerate(lines):
-        if not line.startswith(SUMMARY_HEADS):
+        if not line.startswith(heads):
             continue
         whole = [line.strip()]
-        for follow in lines[index + 1:]:   # the console wraps a long line; its rest follows
-            if not follow.strip() or follow.startswith(SUMMARY_HEADS) \
-                    or re.match(r"^[a-z][a-z -]*: ", follow) or follow.startswith(("┏", "│")):
+        for follow in lines[index + 1:]:
+            if not follow.strip() or follow.startswith((" ", "┏", "│")) \
+                    or re.match(r"^[a-z][a-z -]*: ", follow):
                 break
             whole.append(follow.strip())
-        summary += textwrap.wrap(" ".join(whole), WIDTH, subsequent_indent="  ",
-                                 break_on_hyphens=False)
+        items += textwrap.wrap(" ".join(whole), WIDTH, subsequent_indent="  ",
+                               break_on_hyphens=False)
+    return items
+
+
+def shown_lines(output: str) -> list[str]:
+    """What the page shows of a tune's console output: the configs the space skipped on this
+    machine, the trial lines, then the summary's headline lines."""
+    lines = output.splitlines()
+    trials = [line.rstrip() for line in lines if TRIAL_LINE.match(line)]
+    summary = _items(lines, SUMMARY_HEADS)
     if not trials or not summary or not summary[0].startswith("best:"):
         raise ValueError("the tune's output has no trial lines or no 'best:' line: the tuner's "
                          "console changed; update docs/demo_transcript.py")
-    return trials + summary
+    return _items(lines, SKIPPED) + trials + summary
 
 
 def cpu_name() -> str:
@@ -73,8 +83,9 @@ def cpu_name() -> str:
 
 def block(lines: list[str], when: str, cpu: str) -> str:
     return (f"{BEGIN}\nAn example run of `make demo` on this machine: {cpu}, {when} (generated "
-            "by `docs/demo_transcript.py`; the per-trial lines, then the summary's headline, "
-            "wrapped). Your figures will differ: they are your machine's.\n\n```text\n"
+            "by `docs/demo_transcript.py`; what the space skipped here, the per-trial lines, "
+            "then the summary's headline, wrapped). Your figures will differ: they are your "
+            "machine's.\n\n```text\n"
             + "\n".join(lines) + f"\n```\n{END}")
 
 
@@ -95,7 +106,7 @@ def main() -> int:
             done = subprocess.run(demo_command(Path(folder) / "run",
                                                Path(folder) / "best.json"),
                                   cwd=folder, capture_output=True, text=True,
-                                  env={**__import__("os").environ, "COLUMNS": "160"})
+                                  env={**os.environ, "COLUMNS": "1000"})
         if done.returncode != 0:
             print(done.stdout[-2000:] + done.stderr[-2000:], file=sys.stderr)
             return done.returncode

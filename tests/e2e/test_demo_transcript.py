@@ -27,9 +27,10 @@ def test_the_page_holds_the_scripts_block():
     shown = page[start:end].split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
     assert page.count(script.BEGIN) == page.count(script.END) == 1
     assert page[start:end + len(script.END)] == script.block(shown, *_date_and_cpu(page, script))
-    trials = [line for line in shown if script.TRIAL_LINE.match(line)]
-    assert trials and shown[len(trials)].startswith("best:")
-    assert all(len(line) <= script.WIDTH for line in shown[len(trials):])
+    trials = [index for index, line in enumerate(shown) if script.TRIAL_LINE.match(line)]
+    assert trials == list(range(trials[0], trials[-1] + 1))   # together, then the summary
+    assert shown[trials[-1] + 1].startswith("best:")
+    assert all(len(line) <= script.WIDTH for line in shown if not script.TRIAL_LINE.match(line))
 
 
 def _date_and_cpu(page: str, script) -> tuple[str, str]:
@@ -42,7 +43,6 @@ def _date_and_cpu(page: str, script) -> tuple[str, str]:
 def test_the_script_reads_what_the_tuner_prints(tuned):
     _, _, output = tuned
     lines = _script().shown_lines(output)
-    trials = [line for line in lines if line.startswith("  #")]
-    assert len(trials) >= 3 and trials[0].split()[1] == "float32"
-    summary = lines[len(trials):]
-    assert summary[0].startswith("best: ")
+    trials = [index for index, line in enumerate(lines) if line.startswith("  #")]
+    assert len(trials) >= 3 and lines[trials[0]].split()[1] == "float32"
+    assert lines[trials[-1] + 1].startswith("best: ")
