@@ -54,6 +54,7 @@ TIER_OF_PATH = {
     "tests/project/test_keras_seam.py": "unit",
     "tests/project/test_dependency_ranges.py": "unit",
     "tests/project/test_mutants.py": "unit",
+    "tests/project/test_tiers.py": "unit",
     "tests/records/": "unit",
     "tests/records/test_tracking.py": "fast",       # MLflow's store in-process (it runs uname)
     "tests/records/test_record_order.py": "fast",

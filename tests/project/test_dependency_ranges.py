@@ -106,3 +106,50 @@ def test_the_installed_environment_is_inside_the_range():
 def test_the_check_imports_nothing_heavy():
     statement = "import tuner.dependency_versions as d; d.unsupported_versions()"
     assert loaded_after(statement) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "TASK", "--config", "CONFIG", "--run-dir", "RUN"],
+    ["bench", "TASK", "--config", "CONFIG"],
+    ["diagnose", "TASK"],
+    ["ui", "--run-dir", "RUN", "--no-browser"],
+    ["service", "status", "--dir", "RUN"],
+], ids=lambda argv: argv[0])
+def test_every_command_that_trains_or_serves_refuses_an_unsupported_keras(keras_at, capsys,
+                                                                          tmp_path, argv):
+    """Not tune alone: each command that imports Keras, TensorFlow, Ray or MLflow refuses
+    first, in the same one line, and starts nothing.
+    Mutation caught: "train" dropped from tuner/cli/app.py's _TRAINING_COMMANDS."""
+    keras_at("3.4.1")
+    config = tmp_path / "best.json"
+    config.write_text('{"schema_version": 1, "policy": "mixed_bfloat16"}')
+    places = {"TASK": str(ROOT / "examples" / "digits_mlp.py"), "CONFIG": str(config),
+              "RUN": str(tmp_path / "run")}
+    code = main([places.get(word, word) for word in argv])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "precision-tuner: error: keras 3.4.1 is outside precision-tuner's supported range "
+        '>=3.5.0,<4; fix: pip install "keras>=3.5.0,<4"']
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_installed_metadata_puts_a_keras_below_the_floor_outside(monkeypatch):
+    """The range read as it is read in use, from the installed distribution's metadata (no
+    range monkeypatched): a Keras below pyproject.toml's floor is outside it.
+    Mutation caught: ``if bounds:`` inverted in tuner/dependency_versions.py (every declared
+    range read as empty, so nothing is ever outside)."""
+    from tests.support.pyproject import tomllib
+
+    declared = next(text for text in tomllib.loads((ROOT / "pyproject.toml").read_text())
+                    ["project"]["dependencies"] if text.replace(" ", "").startswith("keras>="))
+    floor = declared.split(">=")[1].split(",")[0].strip()
+    real = metadata.version
+    monkeypatch.setattr(dependency_versions.metadata, "version",
+                        lambda name: "3.4.1" if name == "keras" else real(name))
+    dependency_versions.unsupported_versions.cache_clear()
+    try:
+        lines = [line for line in dependency_versions.unsupported_versions()
+                 if line.startswith("keras ")]
+    finally:
+        dependency_versions.unsupported_versions.cache_clear()
+    assert len(lines) == 1 and f">={floor}" in lines[0], lines

@@ -228,3 +228,35 @@ def test_the_rounds_run_a_quarter_of_a_trials_steps_with_twenty_timed_at_least(t
         rounds = [spec for spec in executor.submitted[searched:] if spec.train_to is None]
         assert rounds and {spec.steps for spec in rounds} == {expected}, (steps, rounds)
         assert all(spec.steps == steps for spec in executor.submitted[:searched])
+
+
+def test_each_figure_is_read_with_its_own_spread():
+    """The model figure's noise is its own, not the peak's: a model-scale figure of 0.90x
+    scattered by 20% could be 1.1x, so bfloat16 keeps its trials, though the peak was timed
+    without scatter.
+    Mutation caught: the model figure's spread read from the peak's figure
+    (tuner/judging/ceiling_limit.py)."""
+    import math
+
+    from tuner.judging.ceiling_limit import CEILING_RUN_DRIFT, NORMAL_QUANTILE
+
+    noisy = ceiling(0.90, 0.88)
+    noisy["model"]["spread"] = {"float32": 0.0, "bfloat16": 0.2, "float16": 0.2}
+    noisy["peak"]["spread"] = {"float32": 0.0, "bfloat16": 0.0, "float16": 0.0}
+    top = dtype_ceilings(noisy)["bfloat16"].top
+    assert math.isclose(top, 0.9 * math.exp(math.hypot(0.2, NORMAL_QUANTILE * CEILING_RUN_DRIFT)))
+    assert "bfloat16" not in ruled_out(noisy, 0.03)
+
+
+def test_the_rule_holds_a_dtype_to_the_runs_own_min_gain(tmp_path):
+    """bfloat16 at 0.97x with its noise reaches 1.03x (the default bar) but not 1.10x: asked
+    for a 10% gain, the plan leaves it out too, as --min-gain says.
+    Mutation caught: the at-scale rule called with ``DEFAULT_MIN_GAIN`` in tuner/run/plan.py."""
+    from tests.support.scripted import scheduler_for
+
+    machine = Machine(step_ms=lambda c: 20.0, seed=1)
+    for min_gain, skipped in ((0.03, ("mixed_float16",)),
+                              (0.10, ("mixed_bfloat16", "mixed_float16"))):
+        scheduler = scheduler_for(space_file(tmp_path, SPACE), ScriptedExecutor(machine),
+                                  tmp_path, trials=7, min_gain=min_gain, ceiling=BORDERLINE)
+        assert tuple(sorted(scheduler.plan.skipped_policies)) == skipped, min_gain

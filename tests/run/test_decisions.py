@@ -402,3 +402,42 @@ def test_the_run_to_run_allowance_makes_the_interval_hold_the_long_run_speedup(t
 
     with_allowance, rounds_alone = coverage(0.06), coverage(0.0)
     assert with_allowance >= 17 and rounds_alone <= 12, (with_allowance, rounds_alone)
+
+
+def test_a_memory_pick_slower_than_float32_still_gets_its_rounds(tmp_path):
+    """Under the memory objective a pick slower than float32 is still the pick (it saves
+    memory): no finalist can clear float32 + 3%, which ends speed rounds early, and its speed
+    must still be measured to the minimum of rounds, with its interval.
+    Mutation caught: the early "no finalist can clear" stop ending memory and balanced rounds
+    too (``self.by_speed and`` dropped in tuner/run/remeasure.py)."""
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 35.0,
+                      memory=lambda c: 1000 if c.policy == "float32" else 500, seed=2)
+    scheduler, outcome, _, _ = tune(space_file(tmp_path, PURE), machine, tmp_path, trials=4,
+                                    objective="memory")
+    assert outcome.winner.config.policy != "float32"
+    assert _rounds_of(outcome) >= scheduler.plan.remeasurement.min_rounds, outcome.notes
+    assert not any("no finalist can clear" in note for note in outcome.notes)
+    estimate = outcome.decision.estimate
+    assert estimate.low < 20 / 35 < estimate.high
+
+
+def test_a_finalist_timed_beside_another_is_not_dropped_on_its_search_figure(tmp_path):
+    """``below_float32`` drops a finalist the search placed below float32 only where both it
+    and float32 ran with the node to themselves: a trial timed beside another reads up to 1.5x
+    slow, so its figure says nothing.
+    Mutation caught: ``below_float32`` ignoring ``exclusive_timing`` (tuner/run/finalists.py)."""
+    from tuner.run.finalists import below_float32
+
+    machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 40.0, drift=0.0,
+                      jitter=0.01, seed=0)
+    scheduler, _, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
+    slow = [row for row in scheduler.rows if row.config.policy != "float32"]
+    kept, notes = below_float32(scheduler, slow)
+    assert kept == [] and len(notes) == len(slow)   # both alone: dropped, each with its line
+    for row in slow:
+        row.result.exclusive_timing = False
+    assert below_float32(scheduler, slow) == (slow, [])
+    for row in slow:
+        row.result.exclusive_timing = True
+    scheduler.baseline.result.exclusive_timing = False
+    assert below_float32(scheduler, slow) == (slow, [])

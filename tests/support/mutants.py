@@ -50,14 +50,69 @@ MUTANTS = [
            "self._suspects = InARow(2)", "self._suspects = InARow(1)",
            ("tests/apply/guard/test_check_rules.py::"
             "test_a_layer_disagreeing_counts_at_the_second_check_in_a_row",)),
-    Mutant("out of repairs stops under a mixed policy too", "tuner/apply/guard/ladder.py",
+    Mutant("out of repairs stops under a mixed policy too", "tuner/apply/guard/rungs.py",
            '        trip.end, trip.why = End.DONE, "out of repairs"\n'
            "        if not ladder.training.last_resort_left():\n",
            '        trip.end, trip.why = End.DONE, "out of repairs"\n'
            "        if True:\n",
            ("tests/apply/guard/test_last_resort.py",)),
-    Mutant("one trip stops after the first layer whose backward pass overflows",
+    Mutant("the guard's rungs answer every kind, a detector's own too",
            "tuner/apply/guard/ladder.py",
+           "if kind not in ANSWERS.get(type(rung), {kind}):", "if kind not in {kind}:",
+           ("tests/apply/guard/test_extending.py::"
+            "test_a_kind_of_your_own_spends_no_repair_and_meets_no_last_resort",
+            "tests/apply/guard/test_extending.py::test_a_trip_no_rung_ends_changes_no_weight")),
+    Mutant("train no longer refuses an unsupported Keras", "tuner/cli/app.py",
+           '_TRAINING_COMMANDS = {"tune", "train", "bench"',
+           '_TRAINING_COMMANDS = {"tune", "bench"',
+           ("tests/project/test_dependency_ranges.py::"
+            "test_every_command_that_trains_or_serves_refuses_an_unsupported_keras",)),
+    Mutant("the declared ranges read as empty", "tuner/dependency_versions.py",
+           "        if bounds:  # the floor first", "        if not bounds:  # the floor first",
+           ("tests/project/test_dependency_ranges.py::"
+            "test_the_installed_metadata_puts_a_keras_below_the_floor_outside",)),
+    Mutant("a scale failure remembered by its kind, not by the optimizers that failed",
+           "tuner/apply/guard/trip.py",
+           "        return tuple(sorted(w.name for w in self.watches)) if self.of_the_scale "
+           "else (self.kind,)",
+           "        return (self.kind,)",
+           ("tests/apply/guard/test_ladder.py",)),
+    Mutant("a failure left as it is no longer tolerates each of its optimizers",
+           "tuner/apply/guard/rungs.py",
+           "        ladder.tolerated.update((watch.name,) for watch in trip.watches)",
+           "        pass",
+           ("tests/apply/guard/test_ladder.py",)),
+    Mutant("the model figure's spread read from the peak's figure",
+           "tuner/judging/ceiling_limit.py",
+           '        spread = float((figure.get("spread") or {}).get(dtype, 0.0))',
+           '        spread = float((peak.get("spread") or {}).get(dtype, 0.0))',
+           ("tests/run/test_ceiling_answer.py::test_each_figure_is_read_with_its_own_spread",)),
+    Mutant("the at-scale rule holds every run to the default gain", "tuner/run/plan.py",
+           "            else ruled_out(ceiling, self.min_gain)",
+           "            else ruled_out(ceiling, DEFAULT_MIN_GAIN)",
+           ("tests/run/test_ceiling_answer.py::"
+            "test_the_rule_holds_a_dtype_to_the_runs_own_min_gain",)),
+    Mutant("the early no-finalist-can-clear stop ends memory and balanced rounds too",
+           "tuner/run/remeasure.py",
+           "        if self.by_speed and rounds < policy.min_rounds:",
+           "        if rounds < policy.min_rounds:",
+           ("tests/run/test_decisions.py::"
+            "test_a_memory_pick_slower_than_float32_still_gets_its_rounds",)),
+    Mutant("below_float32 ignores whether a finalist was timed alone", "tuner/run/finalists.py",
+           "        if not row.result.timed_steps_ms or not row.result.exclusive_timing:",
+           "        if not row.result.timed_steps_ms:",
+           ("tests/run/test_decisions.py::"
+            "test_a_finalist_timed_beside_another_is_not_dropped_on_its_search_figure",)),
+    Mutant("the in-step metric reset never marks the model", "tuner/worker/trial/steps.py",
+           "    setattr(model, _RESETS_IN_STEP, True)\n", "    pass\n",
+           ("tests/worker/test_trial.py::"
+            "test_only_a_step_made_without_the_reset_is_reset_eagerly",)),
+    Mutant("the unit tier's import hook appended, never firing", "tests/conftest.py",
+           "        sys.meta_path.insert(0, finder)", "        sys.meta_path.append(finder)",
+           ("tests/project/test_tiers.py::"
+            "test_a_unit_test_importing_keras_is_stopped_and_named",)),
+    Mutant("one trip stops after the first layer whose backward pass overflows",
+           "tuner/apply/guard/rungs.py",
            "            found = again\n",
            "            found = again\n            break\n",
            ("tests/apply/guard/test_one_trip.py::"

@@ -269,6 +269,33 @@ def test_a_model_traced_before_is_reset_eagerly(task_path):
     fresh = task.build_model()
     fresh.compile(optimizer=task.optimizer(), loss=task.loss)
     assert reset_metrics_in_step(fresh) is True and reset_metrics_in_step(fresh) is True
+    fit_steps(fresh, fixed_batches(task, 2), 2)
+    assert reset_metrics_in_step(fresh) is True   # still known once its step is made
+
+
+def test_only_a_step_made_without_the_reset_is_reset_eagerly(task_path):
+    """Each step's metrics are reset once: in the compiled step where ``fit_steps`` made it,
+    eagerly (``model.reset_metrics()``) before each step where the model's step existed before.
+    Mutation caught: the in-step reset never marking the model (tuner/worker/trial/steps.py:
+    every step then reset twice, the 0.2 ms a step lost)."""
+    from tuner.worker.task.task_loader import fixed_batches, load_task
+    from tuner.worker.trial.steps import _reset_unless_in_step, fit_steps
+
+    task = load_task(task_path("tiny_mlp"))
+    eager = {}
+    for name, traced in (("traced", True), ("fresh", False)):
+        model = task.build_model()
+        model.compile(optimizer=task.optimizer(), loss=task.loss)
+        if traced:
+            model.make_train_function()
+        fit_steps(model, fixed_batches(task, 2), 2)
+        calls = []
+        own = model.reset_metrics
+        model.reset_metrics = lambda own=own, calls=calls: (calls.append(1), own())[-1]
+        for _ in range(3):
+            _reset_unless_in_step(model)
+        eager[name] = len(calls)
+    assert eager == {"traced": 3, "fresh": 0}
 
 
 def test_divergence_is_located_by_replaying_the_same_steps(task_path):

@@ -8,14 +8,31 @@ keep the batch a compiled step trains on, decide a ``LossScaleOptimizer``'s step
 replica, count a layer's own weights). A Keras release may move any of them; when one does, the
 change is made here, the range ``pyproject.toml`` declares (``keras>=3.10.0,<4``) says which
 releases were tried, and ``make test-lowest`` runs the floor. Each entry below says what it
-relies on and the first Keras it was checked with (3.5 for some: the differences of 3.5 to 3.9
-handled here still work, though the declared floor is 3.10, where the input checks'
-expectations start); every entry is also checked with the newest Keras the suite runs.
+relies on and since which Keras; every entry is checked at the floor (3.10) and with the newest
+Keras the suite runs. No path for a Keras below the floor is kept: the range refuses one.
+
+Keras behaviour the project relies on beyond these names (public, but not promised by Keras's
+API), each checked by the tests named:
+
+- a model's ``train_step``, ``train_function`` and ``reset_metrics`` are looked up on the
+  instance, so an attribute set on one model replaces them for that model alone (the trial's
+  in-step metric reset, tuner.worker.trial.steps; a custom loop's step, tuner.apply.own_step;
+  the guard's kept batch, tuner.apply.guard.state): tests/worker/test_trial.py,
+  tests/worker/test_own_step.py, tests/apply/guard/test_guard.py;
+- ``train_function`` is made by ``make_train_function`` from ``train_step`` when ``fit`` first
+  needs it, and takes a list of batches as well as an iterator (from 3.7):
+  tests/apply/guard/test_guarded_apply_loaded.py;
+- ``Layer.__init__`` and ``Model.compile`` are the entry points the config's scope wraps while it
+  is open (tuner.apply.scope, tuner.apply.compiling): tests/apply/test_keras_apply.py,
+  tests/apply/test_compile_as_tuned.py;
+- a model loaded from a file or a config is built in the frames ``CONFIG_FRAMES`` and
+  ``CLONE_FRAME`` name, holding their config in the locals named beside them
+  (tuner.apply.dtype_origins): tests/apply/loaded/.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import keras
 
@@ -34,18 +51,12 @@ KERAS_PRIVATE_NAMES = frozenset({
 })
 
 
-def keras_version() -> tuple[int, int]:
-    """The installed Keras's (major, minor)."""
-    major, minor = keras.version().split(".")[:2]
-    return int(major), int(minor)
-
-
 # --- Layers: paths, sublayers, own weights, added losses, graph nodes ---------------------------
 
 def current_name_scope_path() -> str | None:
     """The path of the name scope open now (what Keras prefixes a layer's ``path`` with when it
     builds it). Relies on ``keras.src.backend.common.name_scope.current_path``, since Keras 3.0
-    (checked 3.5); ``None`` where a Keras lacks it (names still match, paths do not)."""
+    (checked 3.10); ``None`` where a Keras lacks it (names still match, paths do not)."""
     try:
         from keras.src.backend.common.name_scope import current_path
     except ImportError:
@@ -55,39 +66,39 @@ def current_name_scope_path() -> str | None:
 
 def parent_path(layer: keras.layers.Layer) -> str | None:
     """The parent path Keras recorded for ``layer`` at construction (``Layer._parent_path``,
-    since Keras 3.0; checked 3.5), ``None`` before it has one."""
+    since Keras 3.0; checked 3.10), ``None`` before it has one."""
     return getattr(layer, "_parent_path", None)
 
 
 def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Keras's own traversal (what ``Model.layers`` and ``summary()`` use,
-    ``Layer._flatten_layers``; checked 3.5): it also lists the layers a parent created itself
+    ``Layer._flatten_layers``; checked 3.10): it also lists the layers a parent created itself
     (MultiHeadAttention's softmax, Bidirectional's copies), which ``layer.layers`` may not."""
     return list(layer._flatten_layers(include_self=False, recursive=False))
 
 
 def own_variables(layer: Any) -> list:
     """The weights ``layer`` created itself, its sublayers' left out (``Layer._trainable_variables``
-    and ``_non_trainable_variables``, Keras 3's own lists since 3.0; checked 3.5)."""
+    and ``_non_trainable_variables``, Keras 3's own lists since 3.0; checked 3.10)."""
     return list(getattr(layer, "_trainable_variables", [])) \
         + list(getattr(layer, "_non_trainable_variables", []))
 
 
 def added_losses(layer: Any) -> list:
     """The loss terms ``layer.add_loss`` gave in its last call (``Layer._losses``, since 3.0;
-    checked 3.5); ``layer.losses`` would add its sublayers' and regularizers'."""
+    checked 3.10); ``layer.losses`` would add its sublayers' and regularizers'."""
     return list(getattr(layer, "_losses", []))
 
 
 def inbound_nodes(layer: Any) -> list:
     """The graph nodes that call ``layer`` in a functional model (``Operation._inbound_nodes``,
-    since 3.0; checked 3.5); empty outside a functional graph."""
+    since 3.0; checked 3.10); empty outside a functional graph."""
     return list(getattr(layer, "_inbound_nodes", None) or [])
 
 
 def is_functional(layer: Any) -> bool:
     """A functional or Sequential model (its layers cast their own inputs). ``Functional`` is not
-    exported (``keras.src.models.functional``, since 3.0; checked 3.5)."""
+    exported (``keras.src.models.functional``, since 3.0; checked 3.10)."""
     from keras.src.models.functional import Functional
 
     return isinstance(layer, (Functional, keras.Sequential))
@@ -96,7 +107,7 @@ def is_functional(layer: Any) -> bool:
 def current_call_entry_layer() -> Any | None:
     """The outermost layer of the call running now (Keras's call context, its ``entry_layer``),
     ``None`` outside a call. Relies on ``keras.src.backend.common.global_state``'s
-    ``"current_call_ctx"``, since 3.0 (checked 3.5)."""
+    ``"current_call_ctx"``, since 3.0 (checked 3.10)."""
     from keras.src.backend.common import global_state
 
     context = global_state.get_global_attribute("current_call_ctx")
@@ -106,13 +117,13 @@ def current_call_entry_layer() -> Any | None:
 # --- Models: the compiled loss and its running mean --------------------------------------------
 
 def compiled_loss(model: keras.Model) -> Any | None:
-    """The loss ``compile`` gave the model (``Trainer._compile_loss``, since 3.0; checked 3.5),
+    """The loss ``compile`` gave the model (``Trainer._compile_loss``, since 3.0; checked 3.10),
     ``None`` where it was compiled without one or not at all."""
     return getattr(model, "_compile_loss", None)
 
 
 def compiled_loss_tracker(model: keras.Model) -> Any | None:
-    """Keras's running mean of the loss (``Trainer._loss_tracker``, since 3.0; checked 3.5)."""
+    """Keras's running mean of the loss (``Trainer._loss_tracker``, since 3.0; checked 3.10)."""
     return getattr(model, "_loss_tracker", None)
 
 
@@ -120,7 +131,7 @@ def compiled_loss_tracker(model: keras.Model) -> Any | None:
 
 def optimizer_trainable_variables(optimizer: Any) -> list:
     """The variables ``optimizer`` was built for, in its order
-    (``BaseOptimizer._trainable_variables``, since 3.0; checked 3.5): ``apply(grads)`` without
+    (``BaseOptimizer._trainable_variables``, since 3.0; checked 3.10): ``apply(grads)`` without
     variables pairs the gradients with these."""
     return list(optimizer._trainable_variables)
 
@@ -130,14 +141,14 @@ def applied_updates(optimizer: Any) -> int:
 
     A ``LossScaleOptimizer`` applies its updates through its inner optimizer, whose
     ``iterations`` count them. From Keras 3.9 the wrapper's own ``iterations`` is the inner
-    one's; before (3.5 to 3.8) it is a variable of its own that never moves, so every step would
-    read as skipped. The inner optimizer's count is right at both."""
+    one's (before 3.9 it was a variable of its own that never moved); the inner optimizer's count
+    is read, which no wrapper can get wrong."""
     counter = getattr(optimizer, "inner_optimizer", optimizer).iterations
     return int(keras.ops.convert_to_numpy(counter))
 
 
 # The optimizer method that maps a variable to its slot index
-# (``BaseOptimizer._get_variable_index``, since 3.0; checked 3.5): tuner.apply.weight_update wraps
+# (``BaseOptimizer._get_variable_index``, since 3.0; checked 3.10): tuner.apply.weight_update wraps
 # it to let a float32 view of a 16-bit weight find the weight's slots.
 VARIABLE_INDEX_METHOD = "_get_variable_index"
 
@@ -147,7 +158,7 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
     step decided over every replica.
 
     Relies on three private methods of ``keras.optimizers.LossScaleOptimizer`` (since 3.0;
-    checked 3.5): ``_tf_apply`` (the TensorFlow backend's apply under a strategy),
+    checked 3.10): ``_tf_apply`` (the TensorFlow backend's apply under a strategy),
     ``_stateful_handle_finite_grads`` and ``_stateful_handle_non_finite_grads`` (what a step does
     with finite and non-finite gradients). A subclass overrides ``on_non_finite_step``.
 
@@ -192,50 +203,8 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
 # locals hold the config being deserialised: ``Layer.from_config``/``Model.from_config`` (local
 # ``config``) and ``keras.src.models.functional.functional_from_config`` (which pops the layer
 # list into its local ``functional_config``); ``keras.models.clone_model`` holds the model it
-# clones in its local ``model``. Names and locals as of Keras 3.0 (checked 3.5).
+# clones in its local ``model``. Names and locals as of Keras 3.0 (checked 3.10).
 CONFIG_FRAMES = ("from_config", "functional_from_config")
 CONFIG_LOCALS = ("functional_config", "config")
 CLONE_FRAME = "clone_model"
 CLONE_LOCAL = "model"
-
-
-# --- The train function's calling convention --------------------------------------------------
-
-# Keras 3.7 made the TensorFlow backend's ``train_function`` accept a list of batches (it runs
-# its compiled step on each element) besides an iterator; up to 3.6 it is a ``tf.function`` over
-# an iterator that calls ``next(iterator)``, so a list fails ("'list' object is not an
-# iterator"), and a Python iterator would be traced anew on every call.
-_LIST_OF_BATCHES_SINCE = (3, 7)
-
-
-def step_on_batches(model: keras.Model, keras_function: Callable) -> Callable[[list], Any]:
-    """A callable that runs the model's compiled training step on each batch of a list and
-    returns the last step's logs, as ``keras_function`` (the model's ``train_function``) does
-    with an iterator.
-
-    From Keras 3.7 that is ``keras_function`` itself. Before, it is the step Keras 3.5/3.6's
-    ``make_train_function`` compiles around ``model.train_step`` (a ``tf.function`` with the
-    model's ``jit_compile``, run by the model's strategy, its per-replica logs reduced by
-    ``keras.src.backend.tensorflow.trainer.reduce_per_replica``), made once here: the
-    computation is Keras's, only the batches come from a list.
-    """
-    if keras_version() >= _LIST_OF_BATCHES_SINCE:
-        return keras_function
-    import tensorflow as tf
-    from keras.src.backend.tensorflow.trainer import reduce_per_replica
-
-    def one_step_on_data(data):
-        outputs = model.distribute_strategy.run(model.train_step, args=(data,))
-        return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
-
-    if not model.run_eagerly:
-        one_step_on_data = tf.function(one_step_on_data, reduce_retracing=True,
-                                       jit_compile=model.jit_compile)
-
-    def run(batches: list) -> Any:
-        outputs = None
-        for data in batches:
-            outputs = one_step_on_data(data)
-        return outputs
-
-    return run

@@ -9,6 +9,9 @@ its public name in tuner.apply.keras_internals, which also decides a step over e
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import keras
 
 from tuner.apply.config_data import ConfigData
@@ -17,8 +20,71 @@ from tuner.apply.vocabulary import LossScaleKind
 from tuner.apply.weight_update import wrap
 
 
+class ScaleTransitions:
+    """The changes the precision guard makes to a loss scale (tuner.apply.guard), kept inside the
+    optimizer as Keras keeps its own halving and growth: ``restart`` a dynamic scale at a
+    value, ``lower_floor``, ``set_fixed`` a fixed scale, ``try_scale`` (a probe, whose state the
+    caller puts back), and the settings a repair may change, read and put back
+    (``settings``, ``put_back``). Methods of the project's loss-scale optimizers; for Keras's
+    own ``LossScaleOptimizer`` (a model compiled under ``mixed_float16`` with Keras's scale),
+    ``transitions(optimizer)`` gives the same calls on its variables."""
+
+    dynamic_scale: Any
+    step_counter: Any
+    initial_scale: float
+
+    def restart(self, scale: float) -> None:
+        """The scale set to ``scale``, counting towards its next growth from zero."""
+        self.dynamic_scale.assign(scale)
+        self.step_counter.assign(0)
+
+    def lower_floor(self, floor: float, start: float) -> None:
+        """A dynamic scale's floor lowered to ``floor`` (Keras's own has none), the scale
+        restarted at ``start``."""
+        if hasattr(self, "floor"):
+            self.floor = floor
+        ScaleTransitions.restart(self, start)   # self: Keras's own optimizer too
+
+    def set_fixed(self, scale: float) -> None:
+        """A fixed scale set to ``scale`` (what it keeps from here)."""
+        self.initial_scale = scale
+        ScaleTransitions.restart(self, scale)
+
+    def try_scale(self, scale: float) -> None:
+        """The scale set for one probing step; the caller puts the state back after it."""
+        self.dynamic_scale.assign(scale)
+
+    def settings(self) -> tuple[float | None, float]:
+        """What a repair may change beside the variables: the floor and the initial scale."""
+        return getattr(self, "floor", None), float(self.initial_scale)
+
+    def put_back(self, settings: tuple[float | None, float]) -> None:
+        floor, self.initial_scale = settings
+        if floor is not None:
+            self.floor = floor
+
+
+class _KerasOwn:
+    """``ScaleTransitions`` on Keras's own ``LossScaleOptimizer``, which is not the project's:
+    the same methods, on its variables."""
+
+    def __init__(self, optimizer) -> None:
+        self._optimizer = optimizer
+
+    def __getattr__(self, name: str):
+        method = getattr(ScaleTransitions, name, None)
+        if not callable(method):
+            raise AttributeError(name)
+        return functools.partial(method, self._optimizer)
+
+
+def transitions(optimizer) -> Any:
+    """``optimizer``'s ``ScaleTransitions``: its own methods, or Keras's optimizer's."""
+    return optimizer if isinstance(optimizer, ScaleTransitions) else _KerasOwn(optimizer)
+
+
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FlooredLossScaleOptimizer(LossScaleOptimizerHooks):
+class FlooredLossScaleOptimizer(ScaleTransitions, LossScaleOptimizerHooks):
     """A dynamic ``LossScaleOptimizer`` whose scale never drops below ``floor``.
 
     Keras's own scale halves on every non-finite step and can decay towards zero, after which
@@ -50,7 +116,7 @@ class FlooredLossScaleOptimizer(LossScaleOptimizerHooks):
 
 
 @keras.saving.register_keras_serializable(package="precision_tuner")
-class FixedLossScaleOptimizer(LossScaleOptimizerHooks):
+class FixedLossScaleOptimizer(ScaleTransitions, LossScaleOptimizerHooks):
     """A ``LossScaleOptimizer`` whose scale stays at ``initial_scale``: it neither halves nor
     grows, and a step with non-finite gradients is skipped rather than applied.
 

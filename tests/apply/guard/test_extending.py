@@ -3,6 +3,9 @@ guard (``cfg.guard(detectors=[...], rungs=[...])``), no module of the guard edit
 detector's finding is one trip, the rung answers it and ends the trip, the event carries the
 kind. And every detector sees every step: one whose check fires does not keep the others from
 theirs (a detector that counts sees every step of the training, the failing one included).
+And the contract of a kind of your own: the guard's rungs leave it alone (``ladder.ANSWERS``),
+so it spends none of the guard's repairs, never meets its last resort, and a trip your rung
+leaves going changes nothing.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ import keras
 import numpy as np
 
 from tuner import PrecisionConfig
-from tuner.apply.guard.detectors import Detector, Finding
-from tuner.apply.guard.ladder import End
+from tuner.apply.guard import Detector, End, Finding
 
 STEPS_PER_EPOCH, EPOCHS = 16, 2
 
@@ -74,3 +76,53 @@ def test_a_new_failure_kind_is_a_detector_and_a_rung_passed_to_the_guard():
     assert float(model.optimizer.learning_rate.numpy()) == np.float32(0.02) / 4
     # the counting detector, asked after the failing one, saw every step all the same
     assert counting.steps == STEPS_PER_EPOCH * EPOCHS
+
+
+# -- the contract: a kind of your own is your rungs' alone ---------------------------------------
+class EveryOtherStep(Detector):
+    """A kind of its own, firing at steps 2, 4, .. 16: eight times, more than max_repairs."""
+
+    def after_step(self, training, step):
+        if training.step % 2 == 0 and training.step <= 16:
+            return Finding("every_other_step", f"step {training.step}")
+        return None
+
+
+class Notes:
+    """A rung that answers its kind by noting it and never ends the trip."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, ladder, trip):
+        if trip.kind == "every_other_step":
+            self.seen.append(ladder.training.step)
+
+
+def test_a_kind_of_your_own_spends_no_repair_and_meets_no_last_resort():
+    """Eight trips of a kind of its own under mixed_bfloat16 and the guard's max_repairs=5: the
+    policy stays mixed, no layer moves (no last resort: it is the guard's own failures that
+    spend its repairs), and the rung ran on each.
+    Mutation caught: the guard's rungs answering every kind (tests/support/mutants.py)."""
+    notes = Notes()
+    model, guard = _train(EveryOtherStep(), rungs=[notes])
+    assert [event.kind for event in guard.events] == ["every_other_step"] * 8
+    assert notes.seen == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert guard.repairs == 0
+    assert guard.config.policy == "mixed_bfloat16" and guard.config.float32.layers == ()
+    assert all(layer.dtype_policy.name == "mixed_bfloat16" for layer in model.layers[1:])
+    assert all(event.layers == () for event in guard.events)
+
+
+def test_a_trip_no_rung_ends_changes_no_weight():
+    """The same kind with a rung that leaves every trip going: the training's weights and
+    losses are those of the same training with no detector at all (no restore, no move), and
+    each event says nothing changed.
+    Mutation caught: the guard's rungs answering every kind (tests/support/mutants.py)."""
+    plain_model, plain = _train()
+    model, guard = _train(EveryOtherStep(), rungs=[Notes()])
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(),
+                                                    plain_model.get_weights()))
+    assert guard.history[-1]["loss"] == plain.history[-1]["loss"]
+    assert all(event.action == "nothing changed: no rung answers every_other_step"
+               for event in guard.events) and len(guard.events) == 8

@@ -3,9 +3,9 @@ test-lowest`` runs it at the declared floors, ``make test`` at the newest): a fl
 to a ``.keras`` file, loaded with ``keras.models.load_model`` inside ``cfg.scope()`` (so it
 computes in bfloat16), compiled, and trained for one epoch under ``cfg.guard()``.
 
-At Keras 3.5 the guard's step wrapper crashed on the first step ("'list' object is not an
-iterator": Keras's train function took only an iterator before 3.7), so these fail there
-without tuner.apply.keras_internals.step_on_batches.
+The guard's kept batch calls Keras's train function with a list of batches, which it takes
+from Keras 3.7 (below the floor, 3.10, it crashed on the first step: "'list' object is not an
+iterator"): tuner.apply.keras_internals lists it among the behaviour the project relies on.
 """
 
 from __future__ import annotations

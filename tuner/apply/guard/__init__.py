@@ -17,5 +17,17 @@ against its float32 computation (``fidelity``), the kept batch's loss against fl
 (``precision_loss``), the smallest set of layers whose float32 brings the model back
 (``float32_set``), each optimizer's loss scale and the largest scale at which a step applies
 (``scales``), what it reads from Keras (``readings``), and what a guarded training reports in
-MLflow (``mlflow_record``).
+MLflow (``mlflow_record``); the rungs themselves in ``rungs``, ``ladder`` holding which answers
+which failure (``ladder.ANSWERS``).
+
+Imported from here, the surface for a failure of your own: a ``Detector`` returning a
+``Finding`` (of a kind of your own, any string), and a ``Rung`` that answers it and ends its
+``Trip`` (``trip.end = End.DONE``). The guard's own rungs leave a kind of yours alone, and yours
+run before its repair budget and its last resort, spending neither.
 """
+
+from tuner.apply.guard.detectors import Detector, Finding, StepReading, TripReport
+from tuner.apply.guard.failures import Failure
+from tuner.apply.guard.trip import End, Rung, Trip
+
+__all__ = ["Detector", "End", "Failure", "Finding", "Rung", "StepReading", "Trip", "TripReport"]

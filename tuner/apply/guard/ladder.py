@@ -5,8 +5,9 @@ batch showed, what was done) and each able to end it:
 1. ``DataFault``: a batch holding NaN or inf is skipped (no precision repair is spent);
 2. ``TakeBack``: a repair that left the training worse than the run it replaced
    (``repair_worse``) is taken back, and what it tried is not tried again for that failure;
+   (rungs passed to the guard, ``PrecisionGuard(rungs=...)``, run here: before the guard's
+   repair budget and last resort, which they neither spend nor meet)
 3. ``OutOfRepairs``: with ``max_repairs`` spent, the last resort, or a stop where none is left;
-   (rungs passed to the guard, ``PrecisionGuard(rungs=...)``, run here)
 4. ``Diagnose``: the failing state (the snapshot where the weights broke) probed on the batch;
 5. ``RecordForNextTime``: under pure 16-bit policies layers cannot move mid-training: the
    layers at fault go into ``guard.config`` for the next training;
@@ -25,23 +26,40 @@ batch showed, what was done) and each able to end it:
     changes made on it;
 13. ``NothingRepaired``: twice with nothing to repair, the last resort.
 
-A new repair is one rung (``trip.Rung``: a callable on the ladder and the trip) passed to the
-guard, or one line in ``RUNGS``. Past 300 lines: the rungs read top to bottom in the order they run,
-which one file keeps.
+Which rung answers which failure is one table, ``ANSWERS``: a rung of the guard acts on a trip
+only where the trip's kind is in its row, so a failure kind of a detector of your own is
+answered by your rungs alone, and a trip that none of them ends changes no weight, moves no
+layer and spends no repair. A new repair is one rung (``trip.Rung``: a callable on the ladder
+and the trip) passed to the guard, or one line in ``RUNGS`` and one in ``ANSWERS``. The rungs
+themselves are in ``rungs``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
-from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, scales
-from tuner.apply.guard.detectors import Finding, TripReport
+from tuner.apply.guard.detectors import Finding
 from tuner.apply.guard.failures import Failure, of_the_scale
-from tuner.apply.guard.scales import ScaleWatch
+from tuner.apply.guard.rungs import (
+    AdjustScale,
+    DataFault,
+    Diagnose,
+    KeepMoved,
+    LeaveAsIs,
+    MoveDisagreeing,
+    MoveFailingLayers,
+    NothingRepaired,
+    OutOfRepairs,
+    RecordForNextTime,
+    Restore,
+    SearchForTheCause,
+    TakeBack,
+)
 from tuner.apply.guard.training import Replaced, Training
-from tuner.apply.guard.trip import LAYERS, SCALE, End, LayerMove, Rung, Trip
+from tuner.apply.guard.trip import End, Rung, Trip
 
-__all__ = ["End", "Ladder", "Rung", "RUNGS", "Trip"]
+__all__ = ["ANSWERS", "End", "Ladder", "Rung", "RUNGS", "Trip"]
+
 
 class Ladder:
     """The rungs and what they share across trips: repairs spent, trips that repaired nothing
@@ -56,7 +74,7 @@ class Ladder:
         self.tried: list[str] = []
         self.rejected: dict[tuple, set[str]] = {}
         self.tolerated: set[tuple] = set()
-        at = next(index for index, rung in enumerate(RUNGS) if isinstance(rung, Diagnose))
+        at = next(index for index, rung in enumerate(RUNGS) if isinstance(rung, OutOfRepairs))
         self.rungs: tuple[Rung, ...] = (*RUNGS[:at], *rungs, *RUNGS[at:])
 
     def answers(self, finding: Finding) -> bool:
@@ -81,301 +99,44 @@ class Ladder:
             trip.replaced = Replaced(training)
         if trip.of_precision:
             training.restart_from_start()
+        kind = str(trip.kind)
         for rung in self.rungs:
+            if kind not in ANSWERS.get(type(rung), {kind}):   # a rung of your own: every kind
+                continue
             rung(self, trip)
             if trip.end is not End.GOING:
                 break
+        if not trip.actions and kind not in OWN_FAILURES:
+            trip.actions.append(f"nothing changed: no rung answers {kind}")
+            trip.why, trip.end = f"no rung answers {kind}", End.DONE
         if trip.end is not End.STOP:
             self.tried.append(trip.action)
         return trip
-
-
-def _restore(training: Training, trip: Trip) -> None:
-    if training.snapshot is not None:
-        trip.restored = training.snapshot.step
-        training.restore()
-
-
-class DataFault:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        if trip.batch is not None and cause.data_non_finite(trip.batch):
-            _restore(ladder.training, trip)
-            trip.actions.append("skipped a batch holding NaN/inf (not precision)")
-            trip.why, trip.end = "the batch itself holds NaN or inf", End.DONE
-
-
-class TakeBack:
-    """A repaired run doing worse than the run it replaced: the repair taken back (the state,
-    config, dtype policies and loss scales as they were before it), and its kinds of repair
-    not tried again for that failure (the next trip for it tries the next rung, or leaves it
-    as it is). Not a repair spent."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        if trip.kind != Failure.REPAIR_WORSE:
-            return
-        report: TripReport = trip.findings[0].detail
-        report.replaced.put_back(ladder.training)
-        ladder.rejected.setdefault(report.signature, set()).update(report.repairs)
-        trip.actions.append(f"took back the repair of step {report.step} ({report.action}): "
-                            "the run it replaced goes on")
-        trip.why, trip.end = "the repaired run does worse than the run it replaced", End.DONE
-
-
-class OutOfRepairs:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        if ladder.repairs < ladder.max_repairs:
-            ladder.repairs += 1
-            return
-        trip.end, trip.why = End.DONE, "out of repairs"
-        if not ladder.training.last_resort_left():
-            trip.end = End.STOP
-            return
-        trip.actions.append(ladder.training.last_resort(f"{ladder.repairs} repairs spent"))
-
-
-class Diagnose:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        trip.broken = bool(readings.non_finite_weights(training.model))
-        if trip.broken:
-            _restore(training, trip)   # diagnose on the state that was still good
-        if trip.batch is None:
-            return
-        watch = trip.watch
-        scale = watch.scale() if watch else None
-        trip.found = cause.probe(training.model, trip.batch, scale)
-        if trip.found.backward and not trip.found.failing_forward and watch is not None \
-                and watch.dynamic and scale is not None and scale > watch.floor:
-            # Above its floor a dynamic scale backs off by itself: only a backward pass that
-            # overflows at the floor is a layer's fault.
-            trip.found = cause.probe(training.model, trip.batch, watch.floor)
-
-
-def _layers_repairable(training: Training, trip: Trip) -> bool:
-    return trip.batch is not None and trip.found is not None and training.sixteen_bit
-
-
-class RecordForNextTime:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if not _layers_repairable(training, trip) or not training.config.weights_16bit:
-            return
-        assert trip.found is not None   # _layers_repairable checked it
-        layers = [name for name in [trip.found.layer] if name] + [
-            item.layer for item in fidelity.compare_layers(training.model, trip.x())
-            if item.layer not in training.config.float32.layers]
-        layers = list(dict.fromkeys(layers))
-        if layers:
-            training.amend(tuple(layers))
-            trip.moved = layers   # named in the event, though not moved
-            trip.actions.append(
-                f"cannot move {', '.join(layers)} to float32 mid-training under pure "
-                f"{training.config.policy} (its weights are 16-bit): guard.config builds it in "
-                "float32 next time")
-
-
-def _moving(ladder: Ladder, trip: Trip) -> bool:
-    training = ladder.training
-    return _layers_repairable(training, trip) and not training.config.weights_16bit \
-        and ladder.allows(trip, LAYERS)
-
-
-class MoveFailingLayers:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if not _moving(ladder, trip):
-            return
-        model, found, watch = training.model, trip.found, trip.watch
-        assert found is not None   # _moving checked it (_layers_repairable)
-        scale = None if watch is None else watch.floor if watch.dynamic else watch.scale()
-        while found.failing and found.layer and found.layer not in trip.moved:
-            changed = cause.place_in_float32(model, training.config, found.layer)
-            if not changed:
-                break
-            again = cause.probe(model, trip.batch, scale)
-            if again.layer == found.layer and again.failing:
-                cause.undo(changed)
-                break
-            trip.moved.append(found.layer)
-            if found.forward is None:
-                trip.backward.append(LayerMove(found.layer, changed))
-            found = again
-        if trip.backward and (found.backward is not None or
-                              2 * len(trip.backward) > fidelity.weighted_sixteen_bit(model)):
-            # Moving layers did not make the gradients fit, or only by moving most of the
-            # model: the loss scale is to change instead (``AdjustScale``).
-            for move in trip.backward:
-                cause.undo(move.changed)
-                trip.moved.remove(move.layer)
-
-
-class MoveDisagreeing:
-    """The layers whose output disagrees with float32 beyond any rounding, moved together
-    and kept if the model's output comes closer to float32's. Where it does not, those broken
-    on half the batch (a norm outputting zeros: wrong whatever the model's output shows yet,
-    early in training when its blocks still add little) are kept alone, unless the output
-    moves further away."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if not _moving(ladder, trip):
-            return
-        model, x = training.model, trip.x()
-        found = [item for item in fidelity.compare_layers(model, x)
-                 if item.layer not in trip.moved
-                 and item.layer not in training.config.float32.layers]
-        before = fidelity.output_gap(model, x)
-        for layers, allowed in (([item.layer for item in found], 0.9),
-                                ([item.layer for item in found if item.broken >= 0.5], 1.1)):
-            if not layers:
-                continue
-            changed = [pair for name in layers
-                       for pair in cause.place_in_float32(model, training.config, name)]
-            if changed and fidelity.output_gap(model, x) < allowed * before:
-                trip.moved += layers
-                return
-            cause.undo(changed)
-        if found:
-            trip.actions.append(f"{', '.join(item.layer for item in found)} disagree with "
-                                "float32 but moving them did not bring the model's output "
-                                "closer: left as they were")
-
-
-class SearchForTheCause:
-    """A precision failure that the layers moved so far did not bring back (the batch's loss
-    still apart from float32's): the smallest set of layers whose float32 takes the model's
-    output back to float32's, moved together. The layers at fault are often not those whose
-    output disagrees: a stream's offset rounded away in the stem and the additions shows only
-    in the norm or head that subtracts it."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if not _moving(ladder, trip) or not trip.of_precision:
-            return
-        loss = precision_loss.batch_loss(training.model, trip.batch)
-        if loss is not None and loss.apart <= precision_loss.GAP:
-            return
-        found = float32_set.smallest_float32_set(training.model, training.config, trip.batch)
-        if found is None:
-            return
-        for name in found.layers:
-            cause.place_in_float32(training.model, training.config, name)
-        trip.actions.append(f"searched for the cause: {found.describe()}")
-        trip.moved += list(found.layers)
-
-
-class KeepMoved:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if not trip.moved or training.config.weights_16bit:
-            return
-        training.amend(tuple(trip.moved))
-        training.retrace()
-        trip.repairs.add(LAYERS)
-        trip.actions.insert(0, f"moved {', '.join(trip.moved)} to float32")
-
-
-class AdjustScale:
-    """What to do to each failing optimizer's loss scale, decided on the failing state and done
-    after any restore (which puts the snapshot's scale back). Gradients that overflow even at
-    a dynamic scale's floor lower the floor; a fixed scale they overflow at is lowered; a
-    dynamic scale otherwise restarts (a collapsed one at the largest scale the batch fits)."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        if not trip.of_the_scale or not ladder.allows(trip, SCALE):
-            return
-        for watch in trip.watches:
-            if watch.scaled:
-                rescale = self._rescale(ladder.training, trip, watch)
-                if rescale is not None:
-                    trip.rescales.append(rescale)
-                    trip.repairs.add(SCALE)
-
-    @staticmethod
-    def _rescale(training: Training, trip: Trip, watch: ScaleWatch) -> Callable[[], str] | None:
-        fixed = not watch.dynamic
-        if trip.batch is not None and trip.kind != Failure.SCALE_COLLAPSED:
-            ceiling = watch.known_scale() if fixed else watch.floor
-            high = scales.exponent(ceiling) - 1
-            if scales.overflows(training.model, trip.batch, watch, ceiling):
-                fitting = scales.largest_fitting(training.model, trip.batch, watch,
-                                                 high - 30, high)
-                if fitting is not None:
-                    lowered = fitting / 2.0**cause.FLOOR_HEADROOM
-                    return lambda: training.set_scale(watch, lowered, fixed)
-        if fixed:
-            return None
-        fitting = training.fitting_scale(watch) if trip.kind == Failure.SCALE_COLLAPSED \
-            else None
-        initial = fitting if fitting is not None and fitting > watch.floor \
-            else training.config.loss_scale.initial_scale
-
-        def reset() -> str:
-            watch.optimizer.dynamic_scale.assign(initial)
-            watch.optimizer.step_counter.assign(0)
-            return f"{watch.owner()}loss scale reset to {initial:g}"
-
-        return reset
-
-
-class LeaveAsIs:
-    """A failure whose repairs were taken back, with nothing left to try: left as it is (the
-    run without a repair did better), and no longer repaired."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        if trip.signature not in ladder.rejected or trip.repairs:
-            return
-        ladder.tolerated.add(trip.signature)
-        ladder.tolerated.update((watch.name,) for watch in trip.watches)
-        ladder.repairs -= 1   # nothing was spent
-        tried = ", ".join(sorted(ladder.rejected[trip.signature]))
-        trip.actions.append(f"left as it is: every repair tried ({tried}) made the training "
-                            "worse than the failure; no longer repaired")
-        trip.why, trip.end = "repairs taken back", End.DONE
-
-
-class Restore:
-    """The snapshot put back, where the weights changed since it: a trip for a loss scale
-    whose updates were skipped (nothing applied, so nothing to undo; another optimizer's
-    updates are training, not damage) goes on from where it is; broken weights were put back
-    by ``Diagnose``."""
-
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        training = ladder.training
-        if trip.restored is None and not trip.of_the_scale and training.snapshot is not None \
-                and not training.snapshot.holds(training.model):
-            _restore(training, trip)
-        for rescale in trip.rescales:
-            trip.actions.append(rescale())
-
-
-class NothingRepaired:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
-        found = trip.found
-        trip.why = found.describe() if found is not None else "no batch to diagnose on"
-        if trip.moved or trip.rescales:
-            ladder.found_nothing = 0
-            return
-        ladder.found_nothing += 1
-        training = ladder.training
-        if ladder.found_nothing >= 2 and training.last_resort_left():
-            trip.actions.append(training.last_resort("the failure came back with nothing to "
-                                                     "repair"))
-        elif found is not None and not found.failing and trip.broken:
-            trip.actions.append("went on (every layer's forward and backward pass is finite "
-                                "on the batch, yet the update made weights non-finite: the "
-                                "optimizer's step or state overflowed; under a pure policy, "
-                                "try a larger optimizer epsilon or keep the optimizer state "
-                                "in float32)")
-        elif found is not None and not found.failing and not trip.of_precision:
-            trip.actions.append("went on (nothing non-finite on the batch: not a precision "
-                                "failure there)")
-        else:
-            trip.actions.append("went on from the restored state" if trip.restored is not None
-                                else "went on")
 
 
 RUNGS: tuple[Rung, ...] = (
     DataFault(), TakeBack(), OutOfRepairs(), Diagnose(), RecordForNextTime(),
     MoveFailingLayers(), MoveDisagreeing(), SearchForTheCause(), KeepMoved(), AdjustScale(),
     LeaveAsIs(), Restore(), NothingRepaired())
+
+# Which rung answers which failure kind: a rung of the guard acts on a trip only where its
+# kind is in the rung's row. A kind of your own is in none: your rungs answer it.
+OWN_FAILURES = frozenset(kind.value for kind in Failure)
+_REPAIRED = OWN_FAILURES - {Failure.REPAIR_WORSE.value}   # a take-back is not a repair
+_OF_THE_SCALE = frozenset(kind.value for kind in Failure if kind.of_the_scale)
+_OF_PRECISION = frozenset(kind.value for kind in Failure if kind.of_precision)
+ANSWERS: dict[type, frozenset[str]] = {
+    DataFault: _REPAIRED,
+    TakeBack: frozenset({Failure.REPAIR_WORSE.value}),
+    OutOfRepairs: _REPAIRED,
+    Diagnose: _REPAIRED,
+    RecordForNextTime: _REPAIRED,
+    MoveFailingLayers: _REPAIRED,
+    MoveDisagreeing: _REPAIRED,
+    SearchForTheCause: _OF_PRECISION,
+    KeepMoved: _REPAIRED,
+    AdjustScale: _OF_THE_SCALE,
+    LeaveAsIs: _REPAIRED,
+    Restore: _REPAIRED,
+    NothingRepaired: _REPAIRED,
+}

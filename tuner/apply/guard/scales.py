@@ -1,6 +1,7 @@
 """The loss scales a training applies: one ``ScaleWatch`` per optimizer the model holds
 (``model.optimizer``, or a GAN's ``d_optimizer`` and ``g_optimizer``, each with a scale of its
-own), counting its applied and skipped updates and reading its scale and floor.
+own), counting its applied and skipped updates and reading its scale and floor; its scale
+changed through the optimizer's own transitions (tuner.apply.loss_scaling).
 
 Where the guard cannot compute the model's loss itself (a ``train_step`` with losses of its
 own, as a GAN's), ``largest_applying_scale`` finds where an optimizer's gradients fit by
@@ -12,6 +13,7 @@ are finite.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -19,7 +21,12 @@ import keras
 from tuner.apply.guard import cause, readings
 from tuner.apply.guard.state import Snapshot
 from tuner.apply.keras_internals import applied_updates
-from tuner.apply.loss_scaling import current_loss_scale, held_optimizers, loss_scale_kind
+from tuner.apply.loss_scaling import (
+    current_loss_scale,
+    held_optimizers,
+    loss_scale_kind,
+    transitions,
+)
 
 KERAS_FLOOR = 2.0**-24   # Keras's own LossScaleOptimizer has no floor: its scale backs off
 
@@ -28,7 +35,8 @@ class ScaleWatch:
     """One optimizer of the training and what its loss scale did. ``name``: the model attribute
     that holds it (``optimizer``, ``d_optimizer``). It owns its counts: the callback tells it
     of steps, epochs and trips (``stepped``, ``epoch_began``, ``resync``), the detectors and the
-    ladder only read them, and its floor changes through ``set_floor``."""
+    ladder only read them, and its floor and scale change through ``lower_floor`` and
+    ``restart`` (the optimizer's own transitions)."""
 
     def __init__(self, name: str, optimizer: keras.optimizers.Optimizer,
                  config_floor: float) -> None:
@@ -85,10 +93,14 @@ class ScaleWatch:
         """After a trip: count from the optimizer's state as the repair left it."""
         self.iterations, self.skipped_run, self.floor_steps = self.read_iterations(), 0, 0
 
-    def set_floor(self, floor: float) -> None:
+    def lower_floor(self, floor: float, start: float) -> None:
+        """The floor lowered (the optimizer's, where it has one: Keras's own has none, the
+        watch keeps it) and the scale restarted at ``start``."""
         self.floor = floor
-        if hasattr(self.optimizer, "floor"):
-            self.optimizer.floor = floor
+        transitions(self.optimizer).lower_floor(floor, start)
+
+    def restart(self, scale: float) -> None:
+        transitions(self.optimizer).restart(scale)
 
     def fitting_scale(self, model: keras.Model, batch: Any, step: int,
                       initial_scale: float) -> float | None:
@@ -110,6 +122,18 @@ class ScaleWatch:
         return "" if self.name == "optimizer" else f"{self.name}: "
 
 
+@dataclass(frozen=True)
+class Rescale:
+    """A change to one optimizer's loss scale, decided on the failing state and made after any
+    restore (which puts the snapshot's scale back): ``lower`` a dynamic scale's floor, or a
+    fixed scale, to ``scale``; or ``restart`` a dynamic scale at ``scale``."""
+
+    watch: ScaleWatch
+    how: str        # "lower" or "restart"
+    scale: float
+
+
+
 def watches(model: keras.Model, config_floor: float) -> list[ScaleWatch]:
     """A watch for every optimizer the model holds, ``model.optimizer`` first."""
     held = held_optimizers(model)
@@ -126,7 +150,7 @@ def largest_applying_scale(model: keras.Model, batch: Any, watch: ScaleWatch, lo
     state = Snapshot(model, -1)
 
     def applies(exponent: int) -> bool:
-        watch.optimizer.dynamic_scale.assign(2.0**exponent)
+        transitions(watch.optimizer).try_scale(2.0**exponent)
         before = watch.read_iterations()
         try:
             model.train_step(batch)

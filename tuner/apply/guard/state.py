@@ -25,7 +25,6 @@ import keras
 import numpy as np
 
 from tuner.apply.instruments import HostCopy
-from tuner.apply.keras_internals import step_on_batches
 from tuner.apply.loss_scaling import held_optimizers
 
 # Marks the train function a guard wrapped, so that no guard wraps it twice and ``unwrap`` knows
@@ -98,9 +97,8 @@ class BatchKeeper:
         if keras_function is None or getattr(keras_function, _GUARDED, False):
             return False
         keeper = self
-        # Keras's compiled step, called with a list of the batches taken here (its calling
-        # convention differs between Keras versions: tuner.apply.keras_internals).
-        step = step_on_batches(model, keras_function)
+        # Keras's compiled step, called with a list of the batches taken here (a train
+        # function takes one as well as an iterator: tuner.apply.keras_internals).
 
         def train_function(iterator):
             if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -116,7 +114,7 @@ class BatchKeeper:
             keeper._batch, keeper._joined = batches[-1], None   # a reference, joined if asked
             # Keras runs its compiled step on each element (under a strategy, each replica on
             # its own share of the distributed element).
-            return step(batches)
+            return keras_function(batches)
 
         setattr(train_function, _GUARDED, True)
         model.train_function = train_function

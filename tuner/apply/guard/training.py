@@ -16,9 +16,10 @@ import keras
 
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, readings, scales
-from tuner.apply.guard.scales import ScaleWatch
+from tuner.apply.guard.scales import Rescale, ScaleWatch
 from tuner.apply.guard.state import BatchKeeper, Snapshot
 from tuner.apply.layers import layer_paths
+from tuner.apply.loss_scaling import transitions
 from tuner.apply.vocabulary import WeightUpdate
 
 
@@ -108,21 +109,27 @@ class Training:
         """A fixed scale to ``scale``; a dynamic one's floor to ``scale`` and the scale itself
         to where the batch fits (the headroom above the floor). The config keeps the lowest
         each optimizer needed."""
-        optimizer, loss_scale = watch.optimizer, self.config.loss_scale
-        optimizer.dynamic_scale.assign(scale if fixed else scale * 2.0**cause.FLOOR_HEADROOM)
-        optimizer.step_counter.assign(0)
+        loss_scale = self.config.loss_scale
         if fixed:
-            optimizer.initial_scale = scale
+            transitions(watch.optimizer).set_fixed(scale)
             self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
                 loss_scale, value=min(scale, loss_scale.value or scale)))
             return (f"{watch.owner()}fixed loss scale lowered to {scale:g} (gradients overflow "
                     "float16 at it)")
-        watch.set_floor(scale)
+        watch.lower_floor(scale, start=scale * 2.0**cause.FLOOR_HEADROOM)
         self.retrace()  # the floor is a constant in the traced step
         self.config = dataclasses.replace(self.config, loss_scale=dataclasses.replace(
             loss_scale, floor=min(scale, loss_scale.floor)))
         return (f"{watch.owner()}loss scale floor lowered to {scale:g} (gradients overflow "
                 "float16 at the old floor)")
+
+    def rescale(self, change: Rescale) -> str:
+        """Make a loss-scale change a trip decided; what was done, for the event."""
+        watch = change.watch
+        if change.how == "lower":
+            return self.set_scale(watch, change.scale, fixed=not watch.dynamic)
+        watch.restart(change.scale)
+        return f"{watch.owner()}loss scale reset to {change.scale:g}"
 
     def fitting_scale(self, watch: ScaleWatch) -> float | None:
         """The largest scale at which the kept batch's gradients fit (once a step)."""
@@ -164,8 +171,8 @@ class Replaced:
         self.config = training.config
         self.policies = [(member, member.dtype_policy)
                          for member in [model] + [layer for layer, _ in layer_paths(model)]]
-        self.floors = [(watch, watch.floor, getattr(watch.optimizer, "initial_scale", None))
-                       for watch in training.scales]
+        self.floors = [(watch, watch.floor, transitions(watch.optimizer).settings())
+                       for watch in training.scales if watch.scaled]
 
     @property
     def going(self) -> bool:
@@ -174,10 +181,9 @@ class Replaced:
 
     def put_back(self, training: Training) -> None:
         cause.undo(self.policies)
-        for watch, floor, initial in self.floors:
-            watch.set_floor(floor)
-            if initial is not None:
-                watch.optimizer.initial_scale = initial
+        for watch, floor, settings in self.floors:
+            watch.floor = floor
+            transitions(watch.optimizer).put_back(settings)
         self.state.restore(training.model)
         training.config, training.position = self.config, self.position
         training.retrace()

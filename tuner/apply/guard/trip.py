@@ -1,6 +1,7 @@
 """One trip of the guard's repair ladder as data: the findings it answers, the batch they are
 diagnosed on, what the rungs found and did (``Trip``), how it ends (``End``), the kinds of
-repair it made (``LAYERS``, ``SCALE``: what a take-back rejects), and a rung's type (``Rung``).
+repair it made (``LAYERS``, ``SCALE``: what a take-back rejects), the loss-scale changes it
+decided (``scales.Rescale``), and a rung's type (``Rung``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import keras
 from tuner.apply.guard.cause import Probe
 from tuner.apply.guard.detectors import Finding, TripReport
 from tuner.apply.guard.failures import of_precision, of_the_scale
-from tuner.apply.guard.scales import ScaleWatch
+from tuner.apply.guard.scales import Rescale, ScaleWatch
 from tuner.apply.guard.training import Replaced, Training
 
 LAYERS, SCALE = "layers", "scale"   # the kinds of repair a trip makes (what a take-back rejects)
@@ -54,7 +55,7 @@ class Trip:
     broken: bool = False            # the update made the weights non-finite
     moved: list[str] = field(default_factory=list)
     backward: list[LayerMove] = field(default_factory=list)
-    rescales: list[Callable[[], str]] = field(default_factory=list)
+    rescales: list[Rescale] = field(default_factory=list)
     repairs: set[str] = field(default_factory=set)
     actions: list[str] = field(default_factory=list)
     why: str = ""
