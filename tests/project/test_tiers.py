@@ -29,7 +29,7 @@ def test_probe_a_unit_test_importing_keras():
     """Not a test on its own: the import the next test makes a unit test attempt."""
     if os.environ.get("PT_TIER_PROBE") != "1":
         pytest.skip("a probe: run by test_a_unit_test_importing_keras_is_stopped_and_named")
-    import keras  # noqa: F401
+    import keras  # noqa: F401 - the import is the probe
 
 
 @pytest.mark.cli

@@ -37,6 +37,7 @@ from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
 from tuner.run.search_run import run_search
 from tuner.run.task_file import check_task_file, require_tensorflow
+from tuner.task_facts import TaskFacts
 
 # Long enough for a loaded cluster to accept a connection; short enough that a wrong address is
 # refused at once (Ray and MLflow's HTTP client would otherwise retry for minutes).
@@ -98,13 +99,13 @@ def _run(options: TuneOptions) -> None:
     try:
         with _executor(choice, options.ray_address, console) as executor:
             clock = TimeBreakdown()
-            plan, task_info, diagnostics = _fit_to_model(executor, plan, console, clock,
+            plan, facts, diagnostics = _fit_to_model(executor, plan, console, clock,
                                                          started, importing=staged is None)
             if staged is not None:  # the task is checked: the run directory may be written
                 staged.move_into(run_dir)
             summary = _search_with_progress(
                 plan, executor, console, resuming=previous is not None,
-                done=len(store.read_trials()), task_info=task_info, diagnostics=diagnostics,
+                done=len(store.read_trials()), facts=facts, diagnostics=diagnostics,
                 clock=clock, started=started)
     finally:
         if staged is not None:
@@ -125,7 +126,7 @@ def _run(options: TuneOptions) -> None:
 
 
 def _search_with_progress(plan, executor, console, *, resuming: bool, done: int,
-                          task_info: dict[str, Any], diagnostics: dict[str, Any],
+                          facts: TaskFacts, diagnostics: dict[str, Any],
                           clock: TimeBreakdown, started: float):
     """The search of the checked and fitted plan on ``executor`` (``done`` of its trials
     finished by the run it resumes), with the progress display."""
@@ -134,7 +135,7 @@ def _search_with_progress(plan, executor, console, *, resuming: bool, done: int,
     if resuming:
         console.print(f"resuming {plan.run_dir}: {done} of {plan.trials} trials already finished")
     with live_progress(console, plan.trials, done) as progress:
-        summary = run_search(plan, executor, progress, task_info, started=started,
+        summary = run_search(plan, executor, progress, facts, started=started,
                              diagnostics=diagnostics, clock=clock)
     if executor.log_path is not None:
         _copy_log(executor.log_path, plan.run_dir / "worker.log")
@@ -158,34 +159,33 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
     try:
         # One call: the task is loaded and the model built once for the check and the
         # diagnostics.
-        task_info = executor.probe(str(plan.task_path), plan.batch_pool or plan.steps,
-                                   plan.space.float32_layers,
-                                   ceiling=True, diagnose_steps=3)
+        facts = TaskFacts.from_dict(executor.probe(
+            str(plan.task_path), plan.batch_pool or plan.steps, plan.space.float32_layers,
+            ceiling=True, diagnose_steps=3))
     finally:
         if thread is not None:
             thread.join()
-    diagnostics = task_info.pop("diagnostics")
-    parts = {"task check": task_info.get("probe_s", 0.0),
-             "ceiling probe": task_info.get("ceiling_s", 0.0),
-             "diagnostics": task_info.get("diagnostics_s", 0.0)}
+    diagnostics, facts.diagnostics = facts.diagnostics or {}, None   # the plan keeps them
+    parts = {"task check": facts.probe_s, "ceiling probe": facts.ceiling_s,
+             "diagnostics": facts.diagnostics_s}
     clock.add("start-up", time.perf_counter() - started - sum(parts.values()))
     for phase, spent in parts.items():
         clock.add(phase, spent)
-    console.print(f"task ok: {task_info['style']} model {task_info['model']!r}, batch size "
-                  f"{task_info['batch_size']}, TensorFlow {task_info['tensorflow']}")
-    if "ceiling" in task_info:
-        console.print(f"ceiling: {describe_ceiling(task_info['ceiling'])}", markup=False)
-    plan, skipped = plan.within_ceiling(task_info.get("ceiling"))
+    console.print(f"task ok: {facts.style} model {facts.model!r}, batch size "
+                  f"{facts.batch_size}, TensorFlow {facts.tensorflow}")
+    if facts.ceiling is not None:
+        console.print(f"ceiling: {describe_ceiling(facts.ceiling)}", markup=False)
+    plan, skipped = plan.within_ceiling(facts.ceiling)
     for note in skipped:
         console.print(f"space: {note}", markup=False)
-    plan, notes = plan.fitted_to(task_info["float32_matches"], task_info.get("optimizer"))
+    plan, notes = plan.fitted_to(facts.float32_matches, facts.optimizer)
     for note in notes:
         console.print(f"space: {note}", markup=False)
     for line in console_lines(diagnostics):
         console.print(f"diagnostics: {line}", markup=False)
     console.print(f"diagnostics: every finding in {plan.run_dir / 'diagnostics.json'} and the "
                   "MLflow parent run's diagnostics.md", markup=False)
-    return plan.with_diagnostics(diagnostics), task_info, diagnostics
+    return plan.with_diagnostics(diagnostics), facts, diagnostics
 
 
 # The plots' matplotlib too (0.3-0.8 s, paid at the end of every tune otherwise).

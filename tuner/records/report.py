@@ -121,7 +121,7 @@ def headline(summary: "TuneSummary") -> list[str]:
                      f"{_fmt(summary.baseline.remeasured_ms if summary.baseline else None, '.2f')}"
                      " ms/step, re-measured back to back)")
         lines.append(f"decision: {summary.decision}")
-        ceiling = peak_speed(summary.task_info.get("ceiling"),
+        ceiling = peak_speed(summary.facts.ceiling,
                              summary.best.config.compute_dtype)
         if estimate and ceiling:
             lines.append(f"of the ceiling: {estimate.ratio:.2f}x is {estimate.ratio / ceiling:.0%}"
@@ -160,8 +160,8 @@ def headline(summary: "TuneSummary") -> list[str]:
                  "call; the rest TensorFlow start-up, model builds and bookkeeping)")
     if summary.breakdown is not None:
         lines.append(summary.breakdown.describe(summary.wall_s))
-    if summary.task_info.get("ceiling"):
-        lines.append(f"device ceiling: {describe_ceiling(summary.task_info['ceiling'])}")
+    if summary.facts.ceiling:
+        lines.append(f"device ceiling: {describe_ceiling(summary.facts.ceiling)}")
     return lines
 
 

@@ -14,6 +14,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate, median
 from tuner.judging.verdict import Judgement
 from tuner.records.timing import TimeBreakdown
+from tuner.task_facts import TaskFacts
 from tuner.trial_types import TrialResult
 
 
@@ -55,7 +56,7 @@ class TuneSummary:
     parent_run_id: str | None
     tracking_uri: str
     space_exhausted: bool = False
-    task_info: dict[str, Any] = field(default_factory=dict)
+    facts: TaskFacts = field(default_factory=TaskFacts)   # the task check's
     best_config: PrecisionConfig | None = None   # the winner, with provenance
     shared_remeasure: bool = False      # no node could be reserved for the re-measurement
     trace_s: float = 0.0                # first steps (tracing the training step), likewise

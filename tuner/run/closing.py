@@ -23,10 +23,11 @@ from tuner.run.plan import RunPlan
 from tuner.run.remeasure import Remeasured
 from tuner.run.trial_loop import Scheduler, make_spec
 from tuner.search.space import effective_placement
+from tuner.task_facts import TaskFacts
 
 
 def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
-               task_info: dict[str, Any]) -> dict[str, Any]:
+               facts: TaskFacts) -> dict[str, Any]:
     """Where an exported config came from, with its speedup *and* that speedup's interval."""
     estimate = outcome.decision.estimate
     return {
@@ -51,8 +52,8 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "confirmation": _confirmation_record(best, outcome),
         "loss_scale_why": loss_scale_why(best.config, best.result, plan),
         "machine": machine_description(),
-        "tensorflow": task_info.get("tensorflow", "?"),
-        "keras": task_info.get("keras", "?"),
+        "tensorflow": facts.tensorflow,
+        "keras": facts.keras,
     }
 
 
@@ -96,19 +97,19 @@ def fresh_rss_line(plan: RunPlan, winner: TrialRow, baseline: TrialRow) -> str:
 
 
 def summary_of(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhausted: bool,
-             started: float, tracker, task_info: dict[str, Any]) -> TuneSummary:
+             started: float, tracker, facts: TaskFacts) -> TuneSummary:
     best = outcome.winner
     config = best.config
     if plan.matches is not None:  # export only the placements that change something
         config = dataclasses.replace(config, float32=effective_placement(config, plan.matches))
     best_config = PrecisionConfig.from_dict(
-        {**config.to_dict(), "provenance": provenance(best, outcome, plan, task_info)})
+        {**config.to_dict(), "provenance": provenance(best, outcome, plan, facts)})
     return TuneSummary(
         rows=sorted(scheduler.rows, key=lambda r: r.number), best=best,
         baseline=scheduler.baseline, estimate=outcome.decision.estimate,
         wall_s=time.perf_counter() - started, train_s=scheduler.train_s,
         trace_s=scheduler.trace_s, run_dir=plan.run_dir, parent_run_id=tracker.parent_id,
-        tracking_uri=tracker.tracking_uri, space_exhausted=exhausted, task_info=task_info,
+        tracking_uri=tracker.tracking_uri, space_exhausted=exhausted, facts=facts,
         best_config=best_config, shared_remeasure=outcome.shared, tie=outcome.decision.tie,
         decision=outcome.decision.explanation, remeasure_notes=outcome.notes,
         objective_lines=outcome.objective_lines, confirmations=outcome.confirmations,

@@ -37,10 +37,11 @@ from tuner.run.trial_loop import Scheduler
 from tuner.run.trial_records import TrialRecorder, flush_quietly
 from tuner.search.proposer import Proposer, create_study, recover_study, study_storage
 from tuner.search.study_versions import continue_study, fits
+from tuner.task_facts import TaskFacts
 
 
 def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
-          task_info: dict[str, Any], chosen: dict | None = None
+          facts: TaskFacts, chosen: dict | None = None
           ) -> tuple[Scheduler, list[str]]:
     """The run's study opened (or resumed, its running trials re-queued) and the scheduler
     over it, with the lines a resume has to say."""
@@ -80,7 +81,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
                     "executor_why": chosen["why"]} if chosen else {})},
         tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description(),
               **job_context.parent_tags()})
-    store.write_run({**plan.settings(), "ceiling": task_info.get("ceiling"), "executor": chosen,
+    store.write_run({**plan.settings(), "ceiling": facts.ceiling, "executor": chosen,
                      "study_name": study_name, "parent_run_id": parent_id,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)
@@ -89,7 +90,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
 
 
 def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = None,
-               task_info: dict[str, Any] | None = None, started: float | None = None,
+               facts: TaskFacts | None = None, started: float | None = None,
                diagnostics: dict[str, Any] | None = None, clock: TimeBreakdown | None = None
                ) -> TuneSummary:
     """Run (or resume) the search of ``plan``; the caller has validated input and resolved the
@@ -97,7 +98,7 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
     ``time.perf_counter()`` value) lets the caller include its own start-up in the wall time,
     and ``clock`` the phases it timed (start-up, task check, diagnostics)."""
     started = time.perf_counter() if started is None else started
-    task_info = task_info or {}
+    facts = facts or TaskFacts()
     clock = clock or TimeBreakdown()
     opening = time.perf_counter()
     plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -116,13 +117,13 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
                             requeued=requeued, matches=plan.matches, objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
-    scheduler, notes = _open(plan, tracker, store, scheduler_factory, task_info, executor.chosen)
+    scheduler, notes = _open(plan, tracker, store, scheduler_factory, facts, executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
     if diagnostics is not None:
         records.after_first_trial(tracker.log_diagnostics, diagnostics)
-    if task_info.get("ceiling"):
-        records.after_first_trial(tracker.log_ceiling, task_info["ceiling"])
+    if facts.ceiling:
+        records.after_first_trial(tracker.log_ceiling, facts.ceiling)
     clock.add("opening records", time.perf_counter() - opening)
     exhausted, outcome = _phases(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
@@ -135,7 +136,7 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
             for row in scheduler.rows:
                 if row.remeasured_ms is not None and row.run_id:
                     tracker.log_remeasure(row.run_id, row.remeasured_ms, row.estimate)
-        summary = summary_of(plan, scheduler, outcome, exhausted, started, tracker, task_info)
+        summary = summary_of(plan, scheduler, outcome, exhausted, started, tracker, facts)
         summary.record_notes = notes + records.outage_lines() + node_losses(executor, store)
         close_records(plan, summary, scheduler, tracker if records.outage is None else None,
                        store, diagnostics, mlflow_missing=sorted(set(records.missing)))

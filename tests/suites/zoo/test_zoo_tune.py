@@ -59,6 +59,7 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     from tuner.run.options import TuneOptions
     from tuner.run.plan import Remeasurement, resolve
     from tuner.run.search_run import run_search
+    from tuner.task_facts import TaskFacts
 
     space = tmp_path / "zoo.yaml"
     space.write_text(SPACE)
@@ -81,7 +82,8 @@ def test_zoo_model_tunes_end_to_end(name, executor, tmp_path):
     # Verdicts are the point: no trial is stopped early for being slow on this CPU.
     plan = replace(plan, remeasurement=Remeasurement(min_rounds=2, max_rounds=2),
                    slow_factor=1e9)
-    summary = run_search(plan, executor, diagnostics=diagnostics, task_info=info)
+    summary = run_search(plan, executor, diagnostics=diagnostics,
+                         facts=TaskFacts.from_dict(info))
 
     trials = read_trials(plan.run_dir)
     assert [t["config"]["policy"] for t in trials][:1] == ["float32"]

@@ -20,14 +20,23 @@ against its float32 computation (``fidelity``), the kept batch's loss against fl
 MLflow (``mlflow_record``); the rungs themselves in ``rungs``, ``ladder`` holding which answers
 which failure (``ladder.ANSWERS``).
 
-Imported from here, the surface for a failure of your own: a ``Detector`` returning a
-``Finding`` (of a kind of your own, any string), and a ``Rung`` that answers it and ends its
-``Trip`` (``trip.end = End.DONE``). The guard's own rungs leave a kind of yours alone, and yours
-run before its repair budget and its last resort, spending neither.
+Imported from here (each on first use), the surface for a failure of your own: a
+``Detector`` returning a ``Finding`` (of a kind of your own, any string), and a ``Rung`` that
+answers it and ends its ``Trip`` (``trip.end = End.DONE``). The guard's own rungs leave a kind
+of yours alone, and yours run before its repair budget and its last resort, spending neither.
 """
 
-from tuner.apply.guard.detectors import Detector, Finding, StepReading, TripReport
-from tuner.apply.guard.failures import Failure
-from tuner.apply.guard.trip import End, Rung, Trip
+from __future__ import annotations
 
-__all__ = ["Detector", "End", "Failure", "Finding", "Rung", "StepReading", "Trip", "TripReport"]
+from tuner.lazy_names import lazy_names
+
+# Imported on first use (tuner.lazy_names): the driver imports this package's plain-data
+# modules (events, failures) and must not import Keras with them.
+_WHERE = {
+    "Detector": "tuner.apply.guard.detectors", "Finding": "tuner.apply.guard.detectors",
+    "StepReading": "tuner.apply.guard.detectors", "TripReport": "tuner.apply.guard.detectors",
+    "Failure": "tuner.apply.guard.failures", "End": "tuner.apply.guard.trip",
+    "Rung": "tuner.apply.guard.trip", "Trip": "tuner.apply.guard.trip",
+}
+__all__ = list(_WHERE)
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)

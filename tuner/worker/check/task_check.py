@@ -12,6 +12,7 @@ from typing import Sequence
 
 from tuner.apply.config import FLOAT32_GROUPS, PrecisionConfig
 from tuner.errors import TaskError, describe, first_line
+from tuner.task_facts import TaskFacts
 from tuner.worker.check.model_files import model_file_failure
 from tuner.worker.device.ceiling import largest_kernel, measure_ceiling
 from tuner.worker.task.keras_state import reset_keras_state
@@ -35,14 +36,14 @@ def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     """Check the task in the worker before anything is written; return a short description.
 
     The model is built (and, if subclassed, called on the first batch so that its layers exist)
-    under a float32 config; ``info["float32_matches"]`` says which layers each float32 group and
-    each of ``patterns`` selects (``tuner.apply.scope.float32_matches``), with every layer's
-    path in ``"all_layers"``. Raises TaskError (a UsageError) when the task breaks the contract.
-    With ``ceiling``, ``info["ceiling"]`` is each precision's speed on this device
-    (``tuner.worker.device.ceiling``), timed apart (``info["ceiling_s"]``); with
-    ``diagnose_steps``, ``info["diagnostics"]`` are the diagnostics of the same model
-    (``tuner.worker.diagnostics.diagnose``: the task is loaded and the model built once for
-    both), timed apart too.
+    under a float32 config; the result is a ``tuner.task_facts.TaskFacts`` as a dict: its
+    ``float32_matches`` say which layers each float32 group and each of ``patterns`` selects
+    (``tuner.apply.scope.float32_matches``), with every layer's path in ``"all_layers"``.
+    Raises TaskError (a UsageError) when the task breaks the contract. With ``ceiling``, its
+    ``ceiling`` is each precision's speed on this device (``tuner.worker.device.ceiling``),
+    timed apart (``ceiling_s``); with ``diagnose_steps``, its ``diagnostics`` are the
+    diagnostics of the same model (``tuner.worker.diagnostics.diagnose``: the task is loaded
+    and the model built once for both), timed apart too.
     """
     import time
 
@@ -60,25 +61,26 @@ def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
         model, optimizers = _build_checked(task, batches[0])
     style = ("sequential" if isinstance(model, keras.Sequential) else
              "functional" if type(model).__name__ == "Functional" else "subclassed")
-    info = {"tensorflow": tf.__version__, "keras": keras.__version__, "model": model.name,
-            "style": style, "batches": len(batches), "batch_size": batch_size_of(batches[0][0]),
-            "parameters": int(sum(int(math.prod(w.shape)) for w in model.weights)),
-            "float32_matches": float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
-            "optimizer": optimizer_facts(*optimizers)}
-    largest = largest_kernel(model, info["batch_size"]) if ceiling else None
-    info["probe_s"] = time.perf_counter() - started  # the job's "task check" phase
+    facts = TaskFacts(
+        tensorflow=tf.__version__, keras=keras.__version__, model=model.name, style=style,
+        batches=len(batches), batch_size=batch_size_of(batches[0][0]),
+        parameters=int(sum(int(math.prod(w.shape)) for w in model.weights)),
+        float32_matches=float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
+        optimizer=optimizer_facts(*optimizers))
+    largest = largest_kernel(model, facts.batch_size) if ceiling else None
+    facts.probe_s = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:
         started = time.perf_counter()
         from tuner.worker.diagnostics.diagnose import diagnostics_or_why
 
-        info["diagnostics"] = diagnostics_or_why(task, model, batches, diagnose_steps)
-        info["diagnostics_s"] = time.perf_counter() - started
+        facts.diagnostics = diagnostics_or_why(task, model, batches, diagnose_steps)
+        facts.diagnostics_s = time.perf_counter() - started
     reset_keras_state(0)
     if ceiling:
         started = time.perf_counter()
-        info["ceiling"] = measure_ceiling(largest)
-        info["ceiling_s"] = time.perf_counter() - started
-    return info
+        facts.ceiling = measure_ceiling(largest)
+        facts.ceiling_s = time.perf_counter() - started
+    return facts.to_dict()   # plain data across the process boundary
 
 
 def _build_checked(task, first_batch) -> tuple:
