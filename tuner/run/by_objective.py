@@ -60,9 +60,6 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
         baseline.estimate = SpeedupEstimate.identity()
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           ["the pick is float32: nothing to re-measure"], objective_lines=lines)
-    rounds = Rounds(scheduler, baseline, finalists)
-    rounds.max_attempts = MAX_ATTEMPTS
-
     def choose(left: list[Candidate]) -> Decision:
         """The first of ``left`` (in the objective's order), its speed as measured."""
         chosen = left[0]
@@ -71,9 +68,8 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
                         f"the next by objective {plan.objective}: #{chosen.number} "
                         f"({chosen.config.describe()}), {estimate.describe()} vs float32")
 
-    def chosen_by_objective(count: int) -> Remeasured:
+    def chosen_by_objective(rounds: Rounds, count: int) -> Remeasured:
         timed = [row for row in finalists if row in rounds.active and row.estimate is not None]
-        rounds.candidates = [Candidate(r.number, r.config, r.estimate) for r in timed]
         if not timed:
             baseline.estimate = SpeedupEstimate.identity(count)
             return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False,
@@ -89,9 +85,8 @@ def remeasure_by_objective(scheduler: Scheduler) -> Remeasured:
                             "vs float32")
         return Remeasured(first, decision, rounds.notes, rounds.shared, lines)
 
-    rounds.decide = chosen_by_objective
-    rounds.choose_next = choose
-    return rounds.run()
+    return Rounds(scheduler, baseline, finalists, decide=chosen_by_objective, choose_next=choose,
+                  max_attempts=MAX_ATTEMPTS).run()
 
 
 

@@ -33,6 +33,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tuner import interrupt
 from tuner.errors import TunerError
@@ -104,8 +105,10 @@ def _why_lost(result: TrialResult) -> str:
 
 
 class Rounds:
-    def __init__(self, scheduler: Scheduler, baseline: TrialRow,
-                 finalists: list[TrialRow]) -> None:
+    def __init__(self, scheduler: Scheduler, baseline: TrialRow, finalists: list[TrialRow], *,
+                 decide: Callable[[Rounds, int], Remeasured] | None = None,
+                 choose_next: Callable[[list[Candidate]], Decision] | None = None,
+                 max_attempts: int = MAX_ATTEMPTS) -> None:
         self.scheduler = scheduler
         self.plan = scheduler.plan
         self.policy = scheduler.plan.remeasurement
@@ -114,12 +117,14 @@ class Rounds:
         self.count = len(finalists)
         self.notes: list[str] = []
         self.shared = False
-        self.decide = self._decide      # rounds -> Remeasured (the objective's own choice)
+        # (rounds, count) -> Remeasured: the pick once the rounds end (the objective's own
+        # choice under memory and balanced: tuner.run.by_objective)
+        self.decide = decide or Rounds._decide
         # memory/balanced (tuner.run.by_objective): the finalists come in the objective's
         # order and are timed for their intervals only; speed drops no finalist.
         self.by_speed = self.plan.objective.decided_by_speed
-        self.choose_next = None         # the next pick after a rejected confirmation
-        self.max_attempts = MAX_ATTEMPTS
+        self.choose_next = choose_next   # the next pick after a rejected confirmation
+        self.max_attempts = max_attempts
         self.candidates: list[Candidate] = []
         self.at_cap: dict[int, SpeedupEstimate | None] = {}
         self.pooled: PooledNoise | None = None   # the rounds' spread, over every finalist
@@ -147,7 +152,9 @@ class Rounds:
                 stop = self._stop_reason(rounds, now - started + now - round_started)
             self.notes.insert(0, f"re-measured float32 and {self.count} finalist(s) in "
                                  f"{rounds} rounds, stopped by {stop}")
-            return self._confirm(session, self.decide(rounds), rounds)
+            self.candidates = [Candidate(r.number, r.config, r.estimate) for r in self.active
+                               if r.estimate is not None]
+            return self._confirm(session, self.decide(self, rounds), rounds)
 
     def _confirm(self, session, outcome: Remeasured, rounds: int) -> Remeasured:
         """The pick, and the next ones if it fails, trained on against float32 before export."""
@@ -318,10 +325,7 @@ class Rounds:
 
     def _decide(self, rounds: int) -> Remeasured:
         self.baseline.estimate = SpeedupEstimate.identity(rounds)
-        candidates = [Candidate(r.number, r.config, r.estimate) for r in self.active
-                      if r.estimate is not None]
-        self.candidates = candidates
-        decision = decide(self.baseline.number, candidates, min_gain=self.plan.min_gain,
+        decision = decide(self.baseline.number, self.candidates, min_gain=self.plan.min_gain,
                           baseline_rounds=rounds, run_drift=self.plan.run_drift)
         rows = {r.number: r for r in self.scheduler.rows}
         return Remeasured(rows[decision.winner], decision, self.notes, self.shared)
