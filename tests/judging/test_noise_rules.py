@@ -301,8 +301,7 @@ def test_a_finalist_is_dropped_only_when_clearly_beyond_the_run_drift():
                                result=SimpleNamespace(timed_steps_ms=steps))
 
     leader, near, far = row(1, 10.0), row(2, 10.0 * SEARCH_DRIFT * 0.98), row(3, 20.0)
-    scheduler = SimpleNamespace(best_stable=lambda: leader)
-    kept, notes = clearly_behind(scheduler, [leader, near, far])
+    kept, notes = clearly_behind(leader, [leader, near, far])
     assert kept == [leader, near]
     (note,) = notes
     assert note.startswith("dropped #3 (mixed_bfloat16) before the re-measurement") \

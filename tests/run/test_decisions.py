@@ -432,12 +432,12 @@ def test_a_finalist_timed_beside_another_is_not_dropped_on_its_search_figure(tmp
                       jitter=0.01, seed=0)
     scheduler, _, _, _ = tune(space_file(tmp_path, MIXED), machine, tmp_path, trials=3)
     slow = [row for row in scheduler.rows if row.config.policy != "float32"]
-    kept, notes = below_float32(scheduler, slow)
+    kept, notes = below_float32(scheduler.baseline, slow)
     assert kept == [] and len(notes) == len(slow)   # both alone: dropped, each with its line
     for row in slow:
         row.result.exclusive_timing = False
-    assert below_float32(scheduler, slow) == (slow, [])
+    assert below_float32(scheduler.baseline, slow) == (slow, [])
     for row in slow:
         row.result.exclusive_timing = True
     scheduler.baseline.result.exclusive_timing = False
-    assert below_float32(scheduler, slow) == (slow, [])
+    assert below_float32(scheduler.baseline, slow) == (slow, [])

@@ -17,33 +17,34 @@ from tuner.judging.ceiling_limit import memory_still_bought
 from tuner.judging.decision import no_loss_scale_evidence
 from tuner.judging.noise import SEARCH_DRIFT, median, median_interval
 from tuner.records.results import TrialRow
-from tuner.run.trial_loop import Scheduler
+from tuner.run.plan import RunPlan
 from tuner.trial_types import FailureClass
 
 
-def finalists_of(scheduler: Scheduler) -> tuple[list[TrialRow], list[str]]:
-    """The fastest stable trials, and a line for each float16 one without a loss scale left out
-    for lack of evidence that it needs none (``no_loss_scale_evidence``)."""
-    allowed, evidence = no_loss_scale_evidence(scheduler.plan.gradient_p01)
+def finalists_of(plan: RunPlan, baseline: TrialRow, timed_stable: list[TrialRow]
+                 ) -> tuple[list[TrialRow], list[str]]:
+    """The fastest stable trials (of ``timed_stable``, fastest first), and a line for each
+    float16 one without a loss scale left out for lack of evidence that it needs none
+    (``no_loss_scale_evidence``)."""
+    allowed, evidence = no_loss_scale_evidence(plan.gradient_p01)
     stable, notes = [], []
-    for row in scheduler.timed_stable_rows():
-        if row is scheduler.baseline:
+    for row in timed_stable:
+        if row is baseline:
             continue
         if row.config.float16_without_loss_scale and not allowed:
             notes.append(f"left #{row.number} ({row.config.describe()}) out of the finalists: "
                          f"{evidence}")
             continue
         stable.append(row)
-    return stable[:scheduler.plan.finalists], notes
+    return stable[:plan.finalists], notes
 
 
-def clearly_behind(scheduler: Scheduler,
+def clearly_behind(leader: TrialRow | None,
                    finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
     """The finalists worth re-measuring, and a line for each one dropped because even the
     fast end of its search-phase median's interval is beyond the leader's slow end by more
     than a run's drift (``SEARCH_DRIFT``): one run each cannot say more, and re-timing it
-    would only spend the budget."""
-    leader = scheduler.best_stable()
+    would only spend the budget. ``leader``: the fastest stable trial."""
     if leader is None or not leader.result.timed_steps_ms:
         return finalists, []
     leader_low, leader_high = median_interval(leader.result.timed_steps_ms)
@@ -61,7 +62,7 @@ def clearly_behind(scheduler: Scheduler,
     return kept, notes
 
 
-def below_float32(scheduler: Scheduler,
+def below_float32(base: TrialRow | None,
                   finalists: list[TrialRow]) -> tuple[list[TrialRow], list[str]]:
     """The finalists the search did not place below float32, and a line for each it did: the
     top of its speedup over float32 from the two search-phase medians stays under 1, with the
@@ -70,7 +71,6 @@ def below_float32(scheduler: Scheduler,
     end against the leader, which keeps a 16-bit finalist 10-15% slower than float32 in
     the rounds, to be timed only to confirm it slower. Only where both ran with the node to
     themselves: a trial timed beside another reads up to 1.5x slow."""
-    base = getattr(scheduler, "baseline", None)
     if base is None or not base.result.timed_steps_ms or not base.result.exclusive_timing:
         return finalists, []
     base_ms = median(base.result.timed_steps_ms)
@@ -96,14 +96,13 @@ def below_float32(scheduler: Scheduler,
     return kept, notes
 
 
-def why_no_finalist(scheduler: Scheduler, unscaled: list[str],
-                    dropped: list[str]) -> tuple[str, list[str]]:
+def why_no_finalist(plan: RunPlan, baseline: TrialRow, rows: list[TrialRow],
+                    unscaled: list[str], dropped: list[str]) -> tuple[str, list[str]]:
     """Why float32 is the answer when no finalist is left to time, and the summary's lines:
     the device's ceiling left no 16-bit policy (``RunPlan.float32_by_ceiling``: with what
     16-bit would still buy, from the baseline's training memory, and the flag that tries it
     anyway), no 16-bit config reached the model, none was stable, or each was left out
     (``unscaled``, ``finalists_of``) or dropped (``dropped``, this module's rules)."""
-    plan, baseline = scheduler.plan, scheduler.baseline
     if plan.float32_by_ceiling and not (unscaled or dropped):
         why = plan.float32_by_ceiling
         memory = memory_still_bought(baseline.result.training_memory)
@@ -111,7 +110,7 @@ def why_no_finalist(scheduler: Scheduler, unscaled: list[str],
                      *([memory] if memory else []),
                      "pass --keep-slow-policies to train the 16-bit policies anyway"]
     dropped = unscaled + dropped
-    unreached = [row.result.failure_message for row in scheduler.rows
+    unreached = [row.result.failure_message for row in rows
                  if row.result.failure_class is FailureClass.PRECISION_UNREACHED]
     why = (f"no 16-bit config reached the model: {unreached[0]}" if unreached and not dropped
            else "no stable config besides float32" if not dropped else

@@ -81,12 +81,13 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     baseline = scheduler.baseline
     if baseline is None:
         raise TunerError("no float32 baseline to re-measure against")
-    finalists, unscaled = finalists_of(scheduler)
-    finalists, below = below_float32(scheduler, finalists)
-    finalists, behind = clearly_behind(scheduler, finalists)
+    finalists, unscaled = finalists_of(scheduler.plan, baseline, scheduler.timed_stable_rows())
+    finalists, below = below_float32(baseline, finalists)
+    finalists, behind = clearly_behind(scheduler.best_stable(), finalists)
     if not finalists:  # nothing to time: float32, and why
         baseline.estimate = SpeedupEstimate.identity()
-        why, notes = why_no_finalist(scheduler, unscaled, below + behind)
+        why, notes = why_no_finalist(scheduler.plan, baseline, scheduler.rows, unscaled,
+                                     below + behind)
         return Remeasured(baseline, Decision(baseline.number, baseline.estimate, False, why),
                           notes)
     outcome = Rounds(scheduler, baseline, finalists).run()
