@@ -140,3 +140,22 @@ def train_data():
     message = str(refused.value)
     assert message.startswith("GAN from build_model() in no_call.py defines no call()")
     assert "Define compile_model(model, wrap_optimizer)" in message and "\n" not in message
+
+
+def test_the_task_checks_facts_cross_the_process_boundary_as_one_type(task_path):
+    """The worker sends the task check's facts as a dict (plain data between processes); the
+    driver reads them as ``TaskFacts``: every name the worker writes is one the driver knows,
+    a round trip changes nothing, and a name it does not know (a worker of another version)
+    is refused, not silently dropped."""
+    import dataclasses
+
+    from tuner.task_facts import TaskFacts
+
+    sent = check_task(task_path("tiny_mlp"), 4, ceiling=True, diagnose_steps=2)
+    facts = TaskFacts.from_dict(sent)
+    assert facts.to_dict() == sent
+    assert set(sent) == {field.name for field in dataclasses.fields(TaskFacts)}
+    assert facts.style == "functional" and facts.batches == 4 and facts.parameters > 0
+    assert facts.ceiling is not None and facts.diagnostics is not None
+    with pytest.raises(ValueError, match="unknown names \\['layers'\\]"):
+        TaskFacts.from_dict({**sent, "layers": 3})

@@ -28,11 +28,11 @@ from tuner.execution.base import Executor
 from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.ray_pool import RayExecutor
-from tuner.records.diagnostics_report import console_lines
 from tuner.records.mlflow_stores import StagedStores, redact_uri
 from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
-from tuner.records.timing import TimeBreakdown, describe_ceiling
+from tuner.records.timing import TimeBreakdown
+from tuner.run.model_fit import fit_to_model
 from tuner.run.options import TuneOptions
 from tuner.run.plan import resolve
 from tuner.run.search_run import run_search
@@ -165,27 +165,16 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
     finally:
         if thread is not None:
             thread.join()
-    diagnostics, facts.diagnostics = facts.diagnostics or {}, None   # the plan keeps them
     parts = {"task check": facts.probe_s, "ceiling probe": facts.ceiling_s,
              "diagnostics": facts.diagnostics_s}
     clock.add("start-up", time.perf_counter() - started - sum(parts.values()))
     for phase, spent in parts.items():
         clock.add(phase, spent)
-    console.print(f"task ok: {facts.style} model {facts.model!r}, batch size "
-                  f"{facts.batch_size}, TensorFlow {facts.tensorflow}")
-    if facts.ceiling is not None:
-        console.print(f"ceiling: {describe_ceiling(facts.ceiling)}", markup=False)
-    plan, skipped = plan.within_ceiling(facts.ceiling)
-    for note in skipped:
-        console.print(f"space: {note}", markup=False)
-    plan, notes = plan.fitted_to(facts.float32_matches, facts.optimizer)
-    for note in notes:
-        console.print(f"space: {note}", markup=False)
-    for line in console_lines(diagnostics):
-        console.print(f"diagnostics: {line}", markup=False)
-    console.print(f"diagnostics: every finding in {plan.run_dir / 'diagnostics.json'} and the "
-                  "MLflow parent run's diagnostics.md", markup=False)
-    return plan.with_diagnostics(diagnostics), facts, diagnostics
+    plan, diagnostics, lines = fit_to_model(plan, facts)
+    console.print(lines[0])
+    for line in lines[1:]:
+        console.print(line, markup=False)
+    return plan, facts, diagnostics
 
 
 # The plots' matplotlib too (0.3-0.8 s, paid at the end of every tune otherwise).

@@ -1,6 +1,7 @@
 """One tuning job from options to records, and a whole guarded training: what the user asked for
 (``options``: ``TuneOptions``, each option declared once, and what a resumed run keeps; each
-value's check in ``option_checks``), every setting resolved once (``plan``), the trial loop
+value's check in ``option_checks``), every setting resolved once (``plan``) and fitted to the
+task's model and device (``model_fit``), the trial loop
 (``trial_loop``, its records ``trial_records``), the finalists (``finalists``) re-measured
 (``remeasure``; under the memory and balanced objectives ``by_objective``), the confirmation
 run (``confirmation_run``) and what it found (``confirmation_findings``), the closing records

@@ -22,6 +22,8 @@ Search-phase medians only screen (one run each, possibly beside another trial). 
   verifying costs at most a third of the time to the pick); the notes say which.
 - A run that fails (crash, timeout, non-finite loss) drops that finalist, named in the notes;
   the session goes on in a fresh worker, which builds its models again.
+
+Past 300 lines: the rounds' stop rules share the rounds' state (``Rounds``), one class.
 Then ``tuner.judging.decision.decide`` names the winner (against float32 with the run-to-run
 allowance, ``plan.run_drift``), and ``tuner.run.confirmation_run`` confirms it: its validation
 over a longer run and, on fresh runs it was not chosen on, its speed.
