@@ -7,9 +7,10 @@ an ``Option`` in its annotation (``Annotated[int | None, Option(...)]``), so nam
 default, check, help and one-line error have one definition. The constructor holds every value
 to its check (tuner.run.option_checks), the command line's parsed values and a Python caller's
 alike: ``trials=0`` is refused with the line ``precision-tuner tune --trials 0`` prints.
-``tuner.run.plan.resolve`` turns the options into the run's plan; the rules a resumed run holds
-them to are here (``check_resume``: a resumed run keeps its settings, and an option that
-disagrees is refused in one line).
+``tuner.run.plan.resolve`` turns the options into the run's plan; every check across options is
+here: the options that cannot go together (``check_combinations``), and the rules a resumed run
+holds them to (``check_resume``: a resumed run keeps its settings, and an option that disagrees
+is refused in one line).
 """
 
 from __future__ import annotations
@@ -189,6 +190,22 @@ def space_ref(space: str) -> str:
     if looks_like_path(space):
         return str(Path(space).resolve())
     return space
+
+
+def check_combinations(options: TuneOptions) -> None:
+    """The options that cannot go together, each refused in one line: every check across
+    options but a resume's (``check_resume``) is here."""
+    if options.exhaustive and options.trials:
+        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
+                         f"with --trials {options.trials}. Drop one of the two.")
+    if options.steps is not None and options.trial_seconds is not None:
+        raise UsageError(f"--trial-seconds caps how long trials are sized; --steps fixes their "
+                         f"count instead. Received: --steps {options.steps} --trial-seconds "
+                         f"{options.trial_seconds:g}. Drop one of the two.")
+    if options.no_confirm and (options.confirm_steps is not None
+                               or options.confirm_seconds is not None):
+        raise UsageError("--no-confirm skips the confirmation; --confirm-steps and "
+                         "--confirm-seconds size it. Received both. Drop one of the two.")
 
 
 def check_resume(previous: dict[str, Any], options: TuneOptions) -> None:

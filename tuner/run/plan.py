@@ -28,6 +28,7 @@ from tuner.run.options import (
     DEFAULT_FINALISTS,
     DEFAULT_TIME_LIMIT,
     TuneOptions,
+    check_combinations,
     check_resume,
     space_ref,
 )
@@ -245,9 +246,7 @@ def check_steps(steps: int, warmup_steps: int, what: str) -> None:
 def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
     """The plan for new run (``previous`` is None) or for resuming the run ``previous``
     describes (its run.json). Raises UsageError when the options conflict."""
-    if options.exhaustive and options.trials:
-        raise UsageError(f"--exhaustive tries every config of the space; it cannot be combined "
-                         f"with --trials {options.trials}. Drop one of the two.")
+    check_combinations(options)
     if previous is not None:
         check_resume(previous, options)
         ref, recorded = previous["space"], previous
@@ -255,10 +254,6 @@ def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
         ref, recorded = space_ref(options.space or "quick"), {}
     space = load_space(ref)
     exhaustive = recorded.get("exhaustive", options.exhaustive)
-    if options.steps is not None and options.trial_seconds is not None:
-        raise UsageError(f"--trial-seconds caps how long trials are sized; --steps fixes their "
-                         f"count instead. Received: --steps {options.steps} --trial-seconds "
-                         f"{options.trial_seconds:g}. Drop one of the two.")
     steps = recorded.get("steps") or options.steps or space.budget.steps
     check_steps(steps, space.budget.warmup_steps, "--steps")
     if previous is not None:
@@ -296,9 +291,5 @@ def _confirm_budget(options: TuneOptions, recorded: dict[str, Any] | None) -> Co
     """The confirmation's budget: a resumed run keeps its own."""
     if recorded:
         return ConfirmBudget(**recorded)
-    if options.no_confirm and (options.confirm_steps is not None
-                               or options.confirm_seconds is not None):
-        raise UsageError("--no-confirm skips the confirmation; --confirm-steps and "
-                         "--confirm-seconds size it. Received both. Drop one of the two.")
     return ConfirmBudget(enabled=not options.no_confirm, steps=options.confirm_steps,
                          seconds=options.confirm_seconds or DEFAULT_CONFIRM_SECONDS)
