@@ -257,18 +257,21 @@ def test_a_plan_without_steps_sizes_its_baseline_and_a_resume_keeps_the_sized_co
     options = TuneOptions(task=tmp_path / "t.py", run_dir=tmp_path / "run", space="quick",
                           trial_seconds=2.5)
     plan = resolve(options, None)
-    assert plan.sizing is not None and (plan.sizing.floor, plan.sizing.cap_s) == (30, 2.5)
-    assert plan.sizing.min_steps == plan.warmup_steps + 3 and plan.batch_pool == 50
+    sizing = plan.learned.sizing
+    assert sizing is not None and (sizing.floor, sizing.cap_s) == (30, 2.5)
+    assert sizing.min_steps == plan.warmup_steps + 3 and plan.learned.batch_pool == 50
     fixed = resolve(TuneOptions(task=options.task, run_dir=options.run_dir, steps=40), None)
-    assert fixed.sizing is None and fixed.batch_pool == 40 and fixed.describe_steps() == "40 steps"
+    assert fixed.learned.sizing is None and fixed.learned.batch_pool == 40
+    assert fixed.describe_steps() == "40 steps"
     # Killed before the baseline finished: the resume sizes it again, by the same rule.
     pending = {**plan.settings(), "status": "running"}
     again = resolve(TuneOptions(task=options.task, run_dir=options.run_dir), pending)
-    assert again.sizing == plan.sizing and again.steps == 30
+    assert again.learned.sizing == plan.learned.sizing and again.steps == 30
     # Sized: the resume trains the sized count, on the same pool of batches.
     sized = {**plan.sized(140, "the time cap").settings(), "status": "running"}
     resumed = resolve(TuneOptions(task=options.task, run_dir=options.run_dir), sized)
-    assert (resumed.sizing, resumed.steps, resumed.sized_by, resumed.batch_pool) == \
+    assert (resumed.learned.sizing, resumed.steps, resumed.learned.sized_by,
+            resumed.learned.batch_pool) == \
         (None, 140, "the time cap", 50)
     with pytest.raises(UsageError, match="a resumed run keeps how its trials were sized"):
         resolve(TuneOptions(task=options.task, run_dir=options.run_dir, trial_seconds=3), sized)

@@ -178,13 +178,13 @@ def test_a_trial_far_slower_than_float32_trains_for_its_time_bound_and_says_so(t
 
     scheduler, executor = _memory_tune(tmp_path, pure_bfloat16_diverges)
     plan = scheduler.plan
-    assert plan.time_bound_s == 2.0   # float32 trains 19 steps of 20 ms: the floor
+    assert plan.learned.time_bound_s == 2.0   # float32 trains 19 steps of 20 ms: the floor
     slow = [r for r in scheduler.rows if r.config.policy == "float16"]
     assert slow and all(r.judgement.judged_steps and r.judgement.judged_steps < plan.steps
                         for r in slow)
     for row in slow:
         assert len(row.result.losses) == row.judgement.judged_steps
-        assert row.result.train_s >= plan.time_bound_s
+        assert row.result.train_s >= plan.learned.time_bound_s
         assert row.judgement.stable                     # judged, not stopped
     fast = [r for r in scheduler.rows[1:] if r.config.policy == "mixed_bfloat16"]
     assert fast and all(r.judgement.judged_steps is None for r in fast)

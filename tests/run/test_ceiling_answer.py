@@ -63,7 +63,7 @@ def test_no_fast_16bit_answers_float32_after_the_baseline_with_the_reason(tmp_pa
     assert outcome.decision.explanation.startswith(
         "this CPU has no fast bfloat16 or float16: bfloat16 0.9x at your largest layer "
         "(dense_1, 1024x1024, batch 256) (at most 1x with its noise)")
-    assert scheduler.plan.skipped_policies == ("mixed_float16", "mixed_bfloat16")
+    assert scheduler.plan.learned.skipped_policies == ("mixed_float16", "mixed_bfloat16")
     assert "what 16-bit would still buy: memory, not speed. Training needs 8 MB in float32" \
         in " ".join(outcome.notes)
     assert "--objective memory" in " ".join(outcome.notes)
@@ -75,8 +75,8 @@ def test_a_borderline_dtype_still_gets_its_trials(tmp_path):
     (and where it does gain, it wins); float16, clearly below, is left out."""
     machine = Machine(step_ms=lambda c: 20.0 if c.policy == "float32" else 20.0 / 1.3, seed=1)
     scheduler, outcome, executor = tune(tmp_path, machine, ceiling=BORDERLINE)
-    assert scheduler.plan.skipped_policies == ("mixed_float16",)
-    assert scheduler.plan.float32_by_ceiling == ""
+    assert scheduler.plan.learned.skipped_policies == ("mixed_float16",)
+    assert scheduler.plan.learned.float32_by_ceiling == ""
     tried = {compute_dtype_of(row.config.policy) for row in scheduler.rows}
     assert tried == {"float32", "bfloat16"} and len(executor.submitted) > 1
     assert outcome.winner.config.policy == "mixed_bfloat16"
@@ -99,7 +99,7 @@ def test_fast_bfloat16_tunes_as_before_and_the_flag_or_memory_keeps_every_policy
             plan = dataclasses.replace(plan, keep_slow_policies=True)
         fitted, notes = plan.within_ceiling(NO_FAST_16BIT)
         assert fitted.space.policies == plan.space.policies and notes == []
-        assert fitted.float32_by_ceiling == "" and fitted.trials == 7
+        assert fitted.learned.float32_by_ceiling == "" and fitted.trials == 7
 
 
 def test_no_16bit_config_reaching_the_model_is_the_reason_float32_wins(tmp_path):
@@ -259,4 +259,4 @@ def test_the_rule_holds_a_dtype_to_the_runs_own_min_gain(tmp_path):
                               (0.10, ("mixed_bfloat16", "mixed_float16"))):
         scheduler = scheduler_for(space_file(tmp_path, SPACE), ScriptedExecutor(machine),
                                   tmp_path, trials=7, min_gain=min_gain, ceiling=BORDERLINE)
-        assert tuple(sorted(scheduler.plan.skipped_policies)) == skipped, min_gain
+        assert tuple(sorted(scheduler.plan.learned.skipped_policies)) == skipped, min_gain

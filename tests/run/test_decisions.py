@@ -291,12 +291,11 @@ def test_a_float16_pick_without_a_loss_scale_needs_evidence(tmp_path, p01, expor
     """Both float16 configs run as fast. With gradients that float16 flushes at scale 1 the
     unscaled one is not even a finalist; with normal gradients it may be one, but the tie goes
     to Keras's default, the dynamic loss scale."""
-    import dataclasses
 
     machine = Machine(step_ms=lambda c: 30.0 if c.policy == "float32" else 20.0, seed=4)
     executor = ScriptedExecutor(machine)
     scheduler = scheduler_for(space_file(tmp_path, FLOAT16), executor, tmp_path, trials=3)
-    scheduler.plan = dataclasses.replace(scheduler.plan, gradient_p01=p01)
+    scheduler.plan = scheduler.plan.learn(gradient_p01=p01)
     scheduler.run()
     outcome = remeasure(scheduler)
     assert outcome.winner.config.loss_scale.kind == exported
@@ -307,19 +306,18 @@ def test_a_float16_pick_without_a_loss_scale_needs_evidence(tmp_path, p01, expor
 
 
 def test_an_unscaled_float16_pick_states_its_evidence(tmp_path):
-    import dataclasses
 
     space = FLOAT16.replace("kinds: [none, dynamic]", "kinds: [none]")
     machine = Machine(step_ms=lambda c: 30.0 if c.policy == "float32" else 20.0, seed=4)
     scheduler = scheduler_for(space_file(tmp_path, space), ScriptedExecutor(machine), tmp_path,
                               trials=2)
-    scheduler.plan = dataclasses.replace(scheduler.plan, gradient_p01=1e-3)
+    scheduler.plan = scheduler.plan.learn(gradient_p01=1e-3)
     scheduler.run()
     outcome = remeasure(scheduler)
     assert outcome.winner.config.loss_scale.kind == "none"
     assert any(n.startswith("the pick has no loss scale: the smallest 1% of gradients (from "
                             "0.001) stay normal") for n in outcome.notes)
-    scheduler.plan = dataclasses.replace(scheduler.plan, gradient_p01=None)
+    scheduler.plan = scheduler.plan.learn(gradient_p01=None)
     assert remeasure(scheduler).winner is scheduler.baseline   # no evidence: not a finalist
 
 

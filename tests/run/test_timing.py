@@ -101,7 +101,7 @@ def test_a_policy_the_ceiling_rules_out_is_skipped_and_stays_skipped_on_resume(t
     options = TuneOptions(task=tmp_path / "task.py", run_dir=tmp_path / "run", space="default")
     plan, notes = resolve(options, None).within_ceiling(ceiling)
     assert plan.space.policies == ("float32", "mixed_bfloat16", "bfloat16")
-    assert plan.skipped_policies == ("mixed_float16", "float16")
+    assert plan.learned.skipped_policies == ("mixed_float16", "float16")
     assert notes == ["skipping mixed_float16, float16: float16 runs a dense layer's training "
                      "step at 0.009x float32's speed on CPU, so it cannot win here (pass "
                      "--keep-slow-policies to try it anyway)"]

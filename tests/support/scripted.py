@@ -17,7 +17,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.execution.base import Executor
 from tuner.judging.early_stop import time_bound_reached, too_slow_reason
 from tuner.judging.objective import Objective
-from tuner.run.plan import Remeasurement, RunPlan
+from tuner.run.plan import Learned, Remeasurement, RunPlan
 from tuner.run.trial_loop import Scheduler
 from tuner.search.proposer import Proposer
 from tuner.search.space_files import load_space
@@ -205,7 +205,7 @@ def scheduler_for(space, executor, tmp_path: Path, *, trials: int, exhaustive: b
                    tracking_uri=None, resume=False, finalists=finalists, min_gain=min_gain,
                    remeasurement=remeasurement or Remeasurement(time_cap_s=1e9),
                    objective=objective, memory_slack=memory_slack, run_drift=run_drift,
-                   emulated=emulated or {}, ceiling_device="CPU")
+                   learned=Learned(emulated=emulated or {}, ceiling_device="CPU"))
     if ceiling is not None:
         plan, _ = plan.within_ceiling(ceiling)
         space = plan.space

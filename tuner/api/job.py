@@ -160,7 +160,7 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
         # One call: the task is loaded and the model built once for the check and the
         # diagnostics.
         facts = TaskFacts.from_dict(executor.probe(
-            str(plan.task_path), plan.batch_pool or plan.steps, plan.space.float32_layers,
+            str(plan.task_path), plan.learned.batch_pool or plan.steps, plan.space.float32_layers,
             ceiling=True, diagnose_steps=3))
     finally:
         if thread is not None:

@@ -100,8 +100,9 @@ def summary_of(plan: RunPlan, scheduler: Scheduler, outcome: Remeasured, exhaust
              started: float, tracker, facts: TaskFacts) -> TuneSummary:
     best = outcome.winner
     config = best.config
-    if plan.matches is not None:  # export only the placements that change something
-        config = dataclasses.replace(config, float32=effective_placement(config, plan.matches))
+    if plan.learned.matches is not None:  # export only the placements that change something
+        config = dataclasses.replace(config,
+                                     float32=effective_placement(config, plan.learned.matches))
     best_config = PrecisionConfig.from_dict(
         {**config.to_dict(), "provenance": provenance(best, outcome, plan, facts)})
     return TuneSummary(

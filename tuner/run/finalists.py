@@ -26,7 +26,7 @@ def finalists_of(plan: RunPlan, baseline: TrialRow, timed_stable: list[TrialRow]
     """The fastest stable trials (of ``timed_stable``, fastest first), and a line for each
     float16 one without a loss scale left out for lack of evidence that it needs none
     (``no_loss_scale_evidence``)."""
-    allowed, evidence = no_loss_scale_evidence(plan.gradient_p01)
+    allowed, evidence = no_loss_scale_evidence(plan.learned.gradient_p01)
     stable, notes = [], []
     for row in timed_stable:
         if row is baseline:
@@ -99,12 +99,12 @@ def below_float32(base: TrialRow | None,
 def why_no_finalist(plan: RunPlan, baseline: TrialRow, rows: list[TrialRow],
                     unscaled: list[str], dropped: list[str]) -> tuple[str, list[str]]:
     """Why float32 is the answer when no finalist is left to time, and the summary's lines:
-    the device's ceiling left no 16-bit policy (``RunPlan.float32_by_ceiling``: with what
+    the device's ceiling left no 16-bit policy (``Learned.float32_by_ceiling``: with what
     16-bit would still buy, from the baseline's training memory, and the flag that tries it
     anyway), no 16-bit config reached the model, none was stable, or each was left out
     (``unscaled``, ``finalists_of``) or dropped (``dropped``, this module's rules)."""
-    if plan.float32_by_ceiling and not (unscaled or dropped):
-        why = plan.float32_by_ceiling
+    if plan.learned.float32_by_ceiling and not (unscaled or dropped):
+        why = plan.learned.float32_by_ceiling
         memory = memory_still_bought(baseline.result.training_memory)
         return why, [f"{why}: float32, answered after its baseline; nothing to re-measure",
                      *([memory] if memory else []),

@@ -18,11 +18,11 @@ from tuner.trial_types import TrialResult
 
 
 def _origin(start: float, plan: RunPlan) -> str:
-    recommended = plan.recommended_scale
+    recommended = plan.learned.recommended_scale
     if not recommended or not plan.space.auto_initial_scale:
         return "from the space's initial_scales"
-    largest = f" (largest weight gradient {plan.gradient_abs_max:.3g})" \
-        if plan.gradient_abs_max else ""
+    largest = f" (largest weight gradient {plan.learned.gradient_abs_max:.3g})" \
+        if plan.learned.gradient_abs_max else ""
     steps = round(math.log2(start / recommended)) if start > 0 else 0
     where = "the diagnostics' recommendation" if steps == 0 else \
         f"{abs(steps)} powers of two {'above' if steps > 0 else 'below'} the diagnostics' " \
@@ -47,13 +47,13 @@ def loss_scale_why(config: PrecisionConfig, result: TrialResult, plan: RunPlan) 
         return None
     scale = config.loss_scale
     if not scale.kind.scales:
-        return "no loss scale: " + no_loss_scale_evidence(plan.gradient_p01)[1]
+        return "no loss scale: " + no_loss_scale_evidence(plan.learned.gradient_p01)[1]
     if scale.kind.fixed:
         return (f"fixed at {_power(scale.value)}, from the space's fixed_values"
                 f"{_seen(result)}")
     growth = f"grows after {scale.growth_steps} overflow-free steps: " + (
         "no trial is long enough to see a growth at any interval the space lists, so they "
-        "were searched as one, the largest" if plan.growth_note else
+        "were searched as one, the largest" if plan.learned.growth_note else
         "the only growth interval the space lists" if len(plan.space.growth_steps) == 1 else
         "the searched interval of the fastest stable trial")
     start = scale.initial_scale

@@ -63,26 +63,14 @@ class Remeasurement:
 
 
 @dataclass(frozen=True)
-class RunPlan:
-    task_path: Path
-    run_dir: Path
-    space: SearchSpace
-    space_ref: str                      # built-in name or the YAML file's absolute path
-    trials: int                         # the budget (the grid's size when exhaustive)
-    steps: int
-    seed: int
-    tolerance: float                    # share of float32's loss decrease a trial must reach
-    exhaustive: bool
-    tracking_uri: str | None            # None: SQLite in the run directory
-    resume: bool
-    finalists: int = DEFAULT_FINALISTS
-    trial_time_limit_s: float = DEFAULT_TIME_LIMIT
-    slow_factor: float = 1.5            # early-stop limit: this much slower than the best
-    min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
-    # The between-run sd of a log speedup each speedup over float32 is widened by
-    # (tuner.judging.noise): the level moves between runs by more than one run's rounds show.
-    run_drift: float = RUN_DRIFT_SD
-    remeasurement: Remeasurement = Remeasurement()
+class Learned:
+    """What a run learns of the task's model and this device, apart from what the user asked
+    for (``RunPlan``'s own fields): from the task check (the layers each float32 group
+    selects), the diagnostics (inputs, gradients, the loss scale they recommend), the device's
+    ceiling (the policies it rules out) and the float32 baseline (the trials' steps and time
+    bound). Each arrives through one of ``RunPlan``'s fitting methods, and ``run.json`` keeps
+    what a resumed run must not learn again."""
+
     # Which layers each float32 group and pattern selects in the model (from the task check);
     # None until the plan is fitted to the model.
     matches: dict[str, Any] | None = None
@@ -97,9 +85,6 @@ class RunPlan:
     recommended_scale: float | None = None   # the diagnostics' initial loss scale
     gradient_abs_max: float | None = None    # ... from this largest weight gradient
     growth_note: str = ""                     # why growth intervals were searched as one
-    keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
-    objective: Objective = Objective.SPEED
-    memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
     # Policies left out because the device's ceiling says they cannot win; None until decided
     # (a resumed run keeps what its run decided).
     skipped_policies: tuple[str, ...] | None = None
@@ -120,6 +105,34 @@ class RunPlan:
     sizing: Sizing | None = None
     sized_by: str = ""                  # why the baseline stopped where it did
     batch_pool: int | None = None       # distinct batches every run cycles through
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    task_path: Path
+    run_dir: Path
+    space: SearchSpace
+    space_ref: str                      # built-in name or the YAML file's absolute path
+    trials: int                         # the budget (the grid's size when exhaustive)
+    steps: int
+    seed: int
+    tolerance: float                    # share of float32's loss decrease a trial must reach
+    exhaustive: bool
+    tracking_uri: str | None            # None: SQLite in the run directory
+    resume: bool
+    finalists: int = DEFAULT_FINALISTS
+    trial_time_limit_s: float = DEFAULT_TIME_LIMIT
+    slow_factor: float = 1.5            # early-stop limit: this much slower than the best
+    min_gain: float = DEFAULT_MIN_GAIN  # a 16-bit config must be faster than this, beyond noise
+    # The between-run sd of a log speedup each speedup over float32 is widened by
+    # (tuner.judging.noise): the level moves between runs by more than one run's rounds show.
+    run_drift: float = RUN_DRIFT_SD
+    remeasurement: Remeasurement = Remeasurement()
+    keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
+    objective: Objective = Objective.SPEED
+    memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
+    # What the run learned of the model and this device (``Learned``), fitted as it learned it.
+    learned: Learned = dataclasses.field(default_factory=Learned)
     confirm: ConfirmBudget = ConfirmBudget()  # the pick's longer training before export
 
     def __post_init__(self) -> None:  # "memory" from run.json or a caller: the Objective
@@ -141,27 +154,31 @@ class RunPlan:
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
                 "run_drift": self.run_drift,
-                "skipped_policies": list(self.skipped_policies or ()),
+                "skipped_policies": list(self.learned.skipped_policies or ()),
                 "objective": self.objective.value, "memory_slack": self.memory_slack,
-                "sizing": self.sizing.to_dict() if self.sizing else None,
-                "sized_by": self.sized_by, "batch_pool": self.batch_pool,
+                "sizing": self.learned.sizing.to_dict() if self.learned.sizing else None,
+                "sized_by": self.learned.sized_by, "batch_pool": self.learned.batch_pool,
                 "confirm": dataclasses.asdict(self.confirm)}
+
+    def learn(self, **facts: Any) -> "RunPlan":
+        """The plan with ``facts`` learned (``Learned``'s fields by name)."""
+        return dataclasses.replace(self, learned=dataclasses.replace(self.learned, **facts))
 
     def sized(self, steps: int, why: str) -> "RunPlan":
         """The plan once the baseline is sized: every later run trains ``steps`` steps."""
-        return dataclasses.replace(self, steps=steps, sizing=None, sized_by=why)
+        return dataclasses.replace(self, steps=steps).learn(sizing=None, sized_by=why)
 
     def time_bounded(self, baseline_train_s: float) -> "RunPlan":
         """The plan once the baseline has trained: a trial far slower than it trains for at
         most ``SLOW_TRIAL_BOUND`` times its training time (never under ``MIN_BOUND_S``)."""
-        return dataclasses.replace(self, time_bound_s=max(SLOW_TRIAL_BOUND * baseline_train_s,
-                                                          MIN_BOUND_S))
+        return self.learn(time_bound_s=max(SLOW_TRIAL_BOUND * baseline_train_s, MIN_BOUND_S))
 
     def describe_steps(self) -> str:
-        if self.sizing is None:
+        sizing = self.learned.sizing
+        if sizing is None:
             return f"{self.steps} steps"
-        return (f"steps sized by the float32 baseline: at least {self.sizing.floor}, at most "
-                f"{self.sizing.cap_s:g} s of training")
+        return (f"steps sized by the float32 baseline: at least {sizing.floor}, at most "
+                f"{sizing.cap_s:g} s of training")
 
     def fitted_to(self, matches: dict[str, Any],
                   optimizer: dict[str, Any] | None = None) -> tuple["RunPlan", list[str]]:
@@ -171,12 +188,12 @@ class RunPlan:
         selects none is refused (SearchSpaceError, exit 2)."""
         space, notes = self.space.fitted(matches, optimizer)
         # Every trial trains at least the space's steps where the baseline sizes the count.
-        sized = self.sizing is not None or bool(self.sized_by)
+        sized = self.learned.sizing is not None or bool(self.learned.sized_by)
         space, growth = space.fitted_to_steps(self.space.budget.steps if sized else self.steps)
         notes += growth
         trials = space.size() if self.exhaustive else self.trials
-        return dataclasses.replace(self, space=space, trials=trials, matches=matches,
-                                   growth_note=growth[0] if growth else ""), notes
+        return dataclasses.replace(self, space=space, trials=trials).learn(
+            matches=matches, growth_note=growth[0] if growth else ""), notes
 
     def within_ceiling(self, ceiling: dict[str, Any] | None) -> tuple["RunPlan", list[str]]:
         """The plan without the policies whose compute dtype the device's ceiling says cannot
@@ -190,8 +207,8 @@ class RunPlan:
         # At the model's own scale (tuner.judging.ceiling_limit): the speed objective only.
         at_scale = {} if self.keep_slow_policies or not self.objective.skips_slow_policies \
             else ruled_out(ceiling, self.min_gain)
-        if self.skipped_policies is not None:
-            skipped, notes = self.skipped_policies, []
+        if self.learned.skipped_policies is not None:
+            skipped, notes = self.learned.skipped_policies, []
         elif not (slow or at_scale) or not self.objective.skips_slow_policies:
             # Under memory or balanced a slow 16-bit policy may still be the pick by its memory.
             skipped, notes = (), []
@@ -215,10 +232,9 @@ class RunPlan:
                 **{d: c for d, c in dtype_ceilings(ceiling).items()
                    if any(compute_dtype_of(p) == d for p in skipped)}})
             trials = 1
-        return dataclasses.replace(self, space=space, trials=trials,
-                                   skipped_policies=tuple(skipped), emulated=slow,
-                                   ceiling_device=(ceiling or {}).get("device", ""),
-                                   float32_by_ceiling=answer), notes
+        return dataclasses.replace(self, space=space, trials=trials).learn(
+            skipped_policies=tuple(skipped), emulated=slow,
+            ceiling_device=(ceiling or {}).get("device", ""), float32_by_ceiling=answer), notes
 
     def with_diagnostics(self, diagnostics: dict[str, Any]) -> "RunPlan":
         """The plan over the space informed by diagnostics (riskiest layers, loss scale)."""
@@ -226,8 +242,7 @@ class RunPlan:
                                             diagnostics["loss_scale"]["initial_scale"],
                                             diagnostics.get("output_heads", ()))
         trials = space.size() if self.exhaustive else self.trials
-        return dataclasses.replace(
-            self, space=space, trials=trials,
+        return dataclasses.replace(self, space=space, trials=trials).learn(
             integer_inputs=tuple(diagnostics.get("integer_inputs", ())),
             continuous_inputs=tuple(diagnostics.get("continuous_inputs", ())),
             gradient_p01=diagnostics.get("gradient_p01_nonzero"),
@@ -282,8 +297,9 @@ def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
         objective=recorded.get("objective") or options.objective or Objective.SPEED,
         memory_slack=recorded.get("memory_slack") or options.memory_slack
         or DEFAULT_MEMORY_SLACK,
-        skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
-        sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool,
+        learned=Learned(
+            skipped_policies=tuple(recorded.get("skipped_policies", ())) if previous else None,
+            sizing=sizing, sized_by=recorded.get("sized_by", ""), batch_pool=pool),
         confirm=_confirm_budget(options, recorded.get("confirm")))
 
 

@@ -97,7 +97,7 @@ def remeasure(scheduler: Scheduler) -> Remeasured:
     config = outcome.winner.config
     if config.float16_without_loss_scale:
         outcome.notes.append("the pick has no loss scale: "
-                             + no_loss_scale_evidence(scheduler.plan.gradient_p01)[1])
+                             + no_loss_scale_evidence(scheduler.plan.learned.gradient_p01)[1])
     return outcome
 
 

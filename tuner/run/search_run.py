@@ -106,15 +106,13 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
     executor.submissions = SubmissionLog(plan.run_dir / SUBMITTED_LOG)
     if diagnostics is not None:
         write_atomic(plan.run_dir / "diagnostics.json", json.dumps(diagnostics, indent=1))
-    tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
-    tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
-    if job_context.job_id() is not None:
-        tracker.trial_tags = {job_context.JOB_ID_TAG: job_context.job_id()}
-    records = TrialRecorder(tracker, store, plan.matches, clock)
+    tracker = _tracker(plan)
+    records = TrialRecorder(tracker, store, plan.learned.matches, clock)
 
     def scheduler_factory(study, requeued) -> Scheduler:
         proposer = Proposer(plan.space, study, enumerate_space=plan.enumerates_space,
-                            requeued=requeued, matches=plan.matches, objective=plan.objective)
+                            requeued=requeued, matches=plan.learned.matches,
+                            objective=plan.objective)
         return Scheduler(plan, executor, proposer, records, progress, clock)
 
     scheduler, notes = _open(plan, tracker, store, scheduler_factory, facts, executor.chosen)
@@ -149,6 +147,16 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
                             "outside_training_fraction": summary.outside_training_fraction},
                            timing)
     return summary
+
+
+def _tracker(plan: RunPlan) -> Tracker:
+    """The run's MLflow records: the plan's server, or SQLite in the run directory; a service
+    job's trials tagged with its id."""
+    tracking_uri = plan.tracking_uri or default_tracking_uri(plan.run_dir)
+    tracker = Tracker(tracking_uri, plan.run_dir, f"precision-tuner/{plan.task_path.stem}")
+    if job_context.job_id() is not None:
+        tracker.trial_tags = {job_context.JOB_ID_TAG: job_context.job_id()}
+    return tracker
 
 
 def _phases(scheduler: Scheduler, executor, records: TrialRecorder, store: RunStore, tracker,

@@ -51,11 +51,11 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
     return TrialSpec(number=number, task_path=str(plan.task_path), config=config.to_dict(),
                      steps=plan.steps, warmup_steps=plan.warmup_steps, seed=plan.seed,
                      stop_if_slower_than_ms=stop_if_slower_than_ms,
-                     time_bound_s=plan.time_bound_s if number else None,
+                     time_bound_s=plan.learned.time_bound_s if number else None,
                      time_bound_min_steps=plan.warmup_steps + MIN_TIMED_STEPS,
-                     integer_inputs=[dict(entry) for entry in plan.integer_inputs],
-                     continuous_inputs=[dict(entry) for entry in plan.continuous_inputs],
-                     batch_pool=plan.batch_pool)
+                     integer_inputs=[dict(entry) for entry in plan.learned.integer_inputs],
+                     continuous_inputs=[dict(entry) for entry in plan.learned.continuous_inputs],
+                     batch_pool=plan.learned.batch_pool)
 
 
 class Scheduler:
@@ -75,7 +75,8 @@ class Scheduler:
         self._budget_used = 0
         self._kept: list[int] = [0]   # trials whose models the worker keeps alive
         # Proposals not trained, or not yet (tuner.judging.worth_training).
-        self.held = HeldConfigs(dict(plan.emulated), plan.ceiling_device, plan.finalists)
+        self.held = HeldConfigs(dict(plan.learned.emulated), plan.learned.ceiling_device,
+                                plan.finalists)
 
     # -- bookkeeping -----------------------------------------------------------------------
     @property
@@ -90,7 +91,7 @@ class Scheduler:
     def ranked_stable_rows(self) -> list[TrialRow]:
         """The stable trials an objective of memory can rank: with a memory figure and, for
         float16 without a loss scale, the diagnostics' evidence that it needs none."""
-        allowed, _ = no_loss_scale_evidence(self.plan.gradient_p01)
+        allowed, _ = no_loss_scale_evidence(self.plan.learned.gradient_p01)
         return [r for r in self.timed_stable_rows() if r.result.training_memory
                 and (allowed or not r.config.float16_without_loss_scale)]
 
@@ -114,10 +115,11 @@ class Scheduler:
                           min_loss_decrease_ratio=self.plan.tolerance,
                           expected_steps=self.plan.steps)
         if judgement.shortfall and compute_dtype_of(config.policy) == "float16" \
-                and self.plan.gradient_histograms:
+                and self.plan.learned.gradient_histograms:
             # A float16 trial that learned too little: name the layers whose gradients
             # vanish at the scale it trained at, from the diagnostics' histograms.
-            note = underflow_note(self.plan.gradient_histograms, trained_scale(result, config))
+            note = underflow_note(self.plan.learned.gradient_histograms,
+                                  trained_scale(result, config))
             if note:
                 judgement = dataclasses.replace(judgement, reason=f"{judgement.reason}; {note}")
         return judgement
@@ -166,7 +168,7 @@ class Scheduler:
         if self.rows and (self.rows[0].number != 0 or self.rows[0].config.policy != "float32"):
             raise TunerError("the run directory's trials.jsonl does not start with the float32 "
                              "baseline; it cannot be resumed. Start a new --run-dir.")
-        if self.rows and self.plan.sizing is not None:  # killed before run.json said so
+        if self.rows and self.plan.learned.sizing is not None:  # killed before run.json said so
             self._size(self.rows[0].result)
         if self.rows:
             self.plan = self.plan.time_bounded(self.rows[0].result.train_s)
@@ -242,8 +244,8 @@ class Scheduler:
         # The baseline's model stays alive in its worker: the re-measurement starts from it;
         # so do the leading trials' where the re-measurement runs there (_keep_finalists).
         spec.keep_live = number == 0 or self._keeps_candidates()
-        if number == 0 and self.plan.sizing is not None:
-            spec.sizing = self.plan.sizing.to_dict()
+        if number == 0 and self.plan.learned.sizing is not None:
+            spec.sizing = self.plan.learned.sizing.to_dict()
         self.executor.submit(spec, self.plan.trial_time_limit_s)
 
     def _keeps_candidates(self) -> bool:
@@ -268,14 +270,14 @@ class Scheduler:
     def _size(self, baseline: TrialResult) -> None:
         """Every later run trains as many steps as the sized baseline did."""
         steps = max(len(baseline.losses), self.plan.warmup_steps + 1)
-        why = baseline.sized_by or f"the floor ({self.plan.sizing.floor} steps)"
+        why = baseline.sized_by or f"the floor ({self.plan.learned.sizing.floor} steps)"
         self.plan = self.plan.sized(steps, why)
         self.records.steps_sized(steps, why)
         self.progress.phase(f"steps: every trial trains {steps} steps, as float32 did until {why}")
 
     def _finish(self, proposal: Proposal, result: TrialResult) -> None:
         trial = proposal.optuna_trial
-        if not self.rows and self.plan.sizing is not None and \
+        if not self.rows and self.plan.learned.sizing is not None and \
                 result.outcome is TrialOutcome.COMPLETED:
             self._size(result)
         row = TrialRow(result.number, proposal.config, result,
