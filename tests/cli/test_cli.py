@@ -179,7 +179,7 @@ BAD_TASKS = TASKS / "bad"
     ("empty_dataset", "returned an empty dataset. Provide at least one batch"),
     ("unbatched_dataset", "yields unbatched elements: x of shape (4,), while the model takes "
                           "(None, 4). Call .batch(BATCH_SIZE) on the dataset"),
-    ("inf_in_data", "has 1 NaN/inf value(s) in y of batch 0. Clean or impute the data"),
+    ("inf_in_data", "has 1 NaN/inf value(s) in y (the first in row 3). Clean or impute the data"),
     ("import_error", "importing task file import_error.py raised FileNotFoundError: [Errno 2] "
                      "No such file or directory: '/nonexistent/precision-tuner/features.npy'. "
                      "Fix the task file"),

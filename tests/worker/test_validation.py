@@ -2,6 +2,8 @@
 (tuner.worker.trial.validation): where they come from, that no trial trains on them, and what a
 model that cannot be evaluated gives."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -142,3 +144,22 @@ def train_data():
     model.compile(optimizer="adam", loss="mse")
     result = evaluate(model, *validation_batches(task, 50))
     assert "does not compute it" in result["error"]
+
+
+def test_nan_anywhere_in_the_arrays_is_refused_by_its_row(tmp_path):
+    """Every row is checked before any is sampled (trials train on a sample, the user's
+    training on all of them), a chunk at a time, and the first bad row is named."""
+    from tuner.errors import TaskError
+    from tuner.worker.task.array_rows import SCAN_ROWS
+
+    rows = SCAN_ROWS + 100
+    task = _task(tmp_path, f"""
+def train_data():
+    x = np.zeros(({rows}, 1), dtype="float32")
+    x[{SCAN_ROWS + 7}, 0] = np.inf
+    x[{rows - 1}, 0] = np.nan
+    return x, x
+""", "bad_rows")
+    expected = f"has 2 NaN/inf value(s) in x (the first in row {SCAN_ROWS + 7})"
+    with pytest.raises(TaskError, match=re.escape(expected)):
+        fixed_batches(task, 4)

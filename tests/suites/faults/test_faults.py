@@ -64,7 +64,7 @@ def test_nan_in_the_data_is_refused_before_anything_is_written(tmp_path, fault):
     completed = run(command(tmp_path / "run", "--executor", "local"), "nan_data")
     assert_accounted(fault, tmp_path / "run", finished=0)
     assert completed.returncode == 2
-    assert "1 NaN/inf value(s) in x of batch 0" in completed.stderr
+    assert "1 NaN/inf value(s) in x (the first in row 5)" in completed.stderr
     assert not (tmp_path / "run").exists()
 
 

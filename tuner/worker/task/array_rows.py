@@ -3,7 +3,8 @@ x included) read by row, and the order trials sample them in: one seeded permuta
 in every trial and worker (``spread_order``), so data sorted by class gives every batch a mix;
 the share held back for validation where the task has no ``val_data()`` (``held_back_split``,
 which ``precision-tuner train`` holds back too), and the validation batches cut from rows
-(``validation_split``).
+(``validation_split``); and every row checked for NaN/inf before any is sampled
+(``first_non_finite``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ VAL_BATCHES = 8
 HELD_BACK_SHARE = 0.2
 # The seed of the one permutation arrays are sampled in (``spread_order``).
 SAMPLE_SEED = 0
+# Rows checked for NaN/inf at a time (``first_non_finite``): a gigabyte of mapped arrays is
+# read through, never copied whole.
+SCAN_ROWS = 65536
 
 
 def leading_dims(structure: Any) -> set[int]:
@@ -36,6 +40,30 @@ def rows(parts: list, which) -> tuple:
     import tensorflow as tf
 
     return tuple(tf.nest.map_structure(lambda a: np.asarray(a)[which], p) for p in parts)
+
+
+def first_non_finite(parts: list) -> tuple[str, int, int] | None:
+    """The first part (``x``, ``y``, ``sample_weight``) holding NaN or inf in a float array:
+    its name, how many such values it holds and the first row with one; None where all are
+    finite. Every row, not only those a run samples: the user's training meets them all."""
+    import tensorflow as tf
+
+    for name, part in zip(("x", "y", "sample_weight"), parts):
+        for leaf in tf.nest.flatten(part) if part is not None else []:
+            values = np.asarray(leaf)
+            if values.dtype.kind != "f":
+                continue
+            first, bad = None, 0
+            for start in range(0, len(values), SCAN_ROWS):   # a mapped file: a chunk at a time
+                finite = np.isfinite(values[start:start + SCAN_ROWS])
+                if not finite.all():
+                    bad += int(finite.size - np.count_nonzero(finite))
+                    if first is None:
+                        rows_finite = finite.reshape(len(finite), -1).all(axis=1)
+                        first = start + int(np.argmin(rows_finite))
+            if first is not None:
+                return name, bad, first
+    return None
 
 
 def sample_count(parts: list) -> int:

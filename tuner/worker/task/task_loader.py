@@ -25,6 +25,7 @@ import numpy as np
 from tuner.errors import TaskError, describe, first_line
 from tuner.worker.task.array_rows import (
     VAL_BATCHES,
+    first_non_finite,
     held_back_split,
     leading_dims,
     rows,
@@ -307,6 +308,12 @@ def _array_parts(task: Task, data, source: str = "train_data()") -> list:
 
 def _from_arrays(task: Task, data, steps: int) -> tuple[list[tuple], list[tuple]]:
     parts = _array_parts(task, data)
+    found = first_non_finite(parts)
+    if found is not None:   # NaN or inf would make every trial, float32's too, look unstable
+        name, bad, row = found
+        raise TaskError(f"train_data() in {task.path.name} has {bad} NaN/inf value(s) in "
+                        f"{name} (the first in row {row}). Clean or impute the data before "
+                        "tuning.")
     order = spread_order(sample_count(parts))
     held: list[tuple] = []
     if task.val_data is None and len(order) >= 2 * task.batch_size:
