@@ -3,21 +3,16 @@ docs/demo_transcript.py's block between its markers, and the script still finds,
 tuner prints today, every line the page shows (a change to the console that the script no
 longer reads fails here, not silently on the page)."""
 
-import importlib.util
-
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.modules import load_file
 
 pytestmark = pytest.mark.slow
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("demo_transcript",
-                                                  ROOT / "docs" / "demo_transcript.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "docs" / "demo_transcript.py")
 
 
 def test_the_page_holds_the_scripts_block():

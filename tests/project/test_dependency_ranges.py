@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from tests.support.fresh_imports import loaded_after
+from tests.support.modules import load_file
 from tuner import dependency_versions
 from tuner.cli.app import main
 
@@ -18,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lowest_requirements():
-    spec = importlib.util.spec_from_file_location("lowest_requirements",
-                                                  ROOT / ".ci" / "lowest_requirements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / ".ci" / "lowest_requirements.py")
 
 
 def test_floors_are_pinned_from_pyproject_with_markers_kept():

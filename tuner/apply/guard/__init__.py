@@ -22,7 +22,8 @@ which failure (``ladder.ANSWERS``).
 
 Imported from here (each on first use), the surface for a failure of your own: a
 ``Detector`` returning a ``Finding`` (of a kind of your own, any string), and a ``Rung`` that
-answers it and ends its ``Trip`` (``trip.end = End.DONE``). The guard's own rungs leave a kind
+answers it and ends its ``Trip`` (``trip.end = End.DONE``), seeing the ladder as a
+``LadderState``. The guard's own rungs leave a kind
 of yours alone, and yours run before its repair budget and its last resort, spending neither.
 """
 
@@ -37,6 +38,7 @@ _WHERE = {
     "StepReading": "tuner.apply.guard.detectors", "TripReport": "tuner.apply.guard.detectors",
     "Failure": "tuner.apply.guard.failures", "End": "tuner.apply.guard.trip",
     "Rung": "tuner.apply.guard.trip", "Trip": "tuner.apply.guard.trip",
+    "LadderState": "tuner.apply.guard.trip",
 }
 __all__ = list(_WHERE)
 __getattr__, __dir__ = lazy_names(globals(), _WHERE)

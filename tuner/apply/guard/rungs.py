@@ -6,17 +6,12 @@ is in ``ladder``'s list. Past 300 lines: they read in the order they run, which 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tuner.apply.guard import cause, fidelity, float32_set, precision_loss, readings, scales
 from tuner.apply.guard.detectors import TripReport
 from tuner.apply.guard.failures import Failure
 from tuner.apply.guard.scales import Rescale, ScaleWatch
 from tuner.apply.guard.training import Training
-from tuner.apply.guard.trip import LAYERS, SCALE, End, LayerMove, Trip
-
-if TYPE_CHECKING:
-    from tuner.apply.guard.ladder import Ladder
+from tuner.apply.guard.trip import LAYERS, SCALE, End, LadderState, LayerMove, Trip
 
 
 def _restore(training: Training, trip: Trip) -> None:
@@ -26,7 +21,7 @@ def _restore(training: Training, trip: Trip) -> None:
 
 
 class DataFault:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         if trip.batch is not None and cause.data_non_finite(trip.batch):
             _restore(ladder.training, trip)
             trip.actions.append("skipped a batch holding NaN/inf (not precision)")
@@ -39,7 +34,7 @@ class TakeBack:
     not tried again for that failure (the next trip for it tries the next rung, or leaves it
     as it is). Not a repair spent."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         report: TripReport = trip.findings[0].detail
         report.replaced.put_back(ladder.training)
         ladder.rejected.setdefault(report.signature, set()).update(report.repairs)
@@ -49,7 +44,7 @@ class TakeBack:
 
 
 class OutOfRepairs:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         if ladder.repairs < ladder.max_repairs:
             ladder.repairs += 1
             return
@@ -61,7 +56,7 @@ class OutOfRepairs:
 
 
 class Diagnose:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         trip.broken = bool(readings.non_finite_weights(training.model))
         if trip.broken:
@@ -83,7 +78,7 @@ def _layers_repairable(training: Training, trip: Trip) -> bool:
 
 
 class RecordForNextTime:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if not _layers_repairable(training, trip) or not training.config.weights_16bit:
             return
@@ -101,14 +96,14 @@ class RecordForNextTime:
                 "float32 next time")
 
 
-def _moving(ladder: Ladder, trip: Trip) -> bool:
+def _moving(ladder: LadderState, trip: Trip) -> bool:
     training = ladder.training
     return _layers_repairable(training, trip) and not training.config.weights_16bit \
         and ladder.allows(trip, LAYERS)
 
 
 class MoveFailingLayers:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if not _moving(ladder, trip):
             return
@@ -143,7 +138,7 @@ class MoveDisagreeing:
     early in training when its blocks still add little) are kept alone, unless the output
     moves further away."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if not _moving(ladder, trip):
             return
@@ -175,7 +170,7 @@ class SearchForTheCause:
     output disagrees: a stream's offset rounded away in the stem and the additions shows only
     in the norm or head that subtracts it."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if not _moving(ladder, trip):
             return
@@ -192,7 +187,7 @@ class SearchForTheCause:
 
 
 class KeepMoved:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if not trip.moved or training.config.weights_16bit:
             return
@@ -208,7 +203,7 @@ class AdjustScale:
     a dynamic scale's floor lower the floor; a fixed scale they overflow at is lowered; a
     dynamic scale otherwise restarts (a collapsed one at the largest scale the batch fits)."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         if not ladder.allows(trip, SCALE):
             return
         for watch in trip.watches:
@@ -241,7 +236,7 @@ class LeaveAsIs:
     """A failure whose repairs were taken back, with nothing left to try: left as it is (the
     run without a repair did better), and no longer repaired."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         if trip.signature not in ladder.rejected or trip.repairs:
             return
         ladder.tolerated.add(trip.signature)
@@ -259,7 +254,7 @@ class Restore:
     updates are training, not damage) goes on from where it is; broken weights were put back
     by ``Diagnose``."""
 
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         training = ladder.training
         if trip.restored is None and not trip.of_the_scale and training.snapshot is not None \
                 and not training.snapshot.holds(training.model):
@@ -269,7 +264,7 @@ class Restore:
 
 
 class NothingRepaired:
-    def __call__(self, ladder: Ladder, trip: Trip) -> None:
+    def __call__(self, ladder: LadderState, trip: Trip) -> None:
         found = trip.found
         trip.why = found.describe() if found is not None else "no batch to diagnose on"
         if trip.moved or trip.rescales:

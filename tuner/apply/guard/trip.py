@@ -1,14 +1,15 @@
 """One trip of the guard's repair ladder as data: the findings it answers, the batch they are
 diagnosed on, what the rungs found and did (``Trip``), how it ends (``End``), the kinds of
 repair it made (``LAYERS``, ``SCALE``: what a take-back rejects), the loss-scale changes it
-decided (``scales.Rescale``), and a rung's type (``Rung``).
+decided (``scales.Rescale``), and a rung's type (``Rung``) with what it sees of the ladder
+(``LadderState``).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import keras
 
@@ -101,5 +102,22 @@ class Trip:
                           training.step, self.action)
 
 
-# A rung: called with the ladder (``ladder.Ladder``) and the trip; it may end the trip.
-Rung = Callable[[Any, Trip], None]
+class LadderState(Protocol):
+    """What a rung sees of the ladder (``ladder.Ladder``) it runs on, and may change: the
+    watched training, the repairs spent of ``max_repairs``, the trips in a row that repaired
+    nothing, the repairs taken back for each failure (``rejected``, by trip signature) and the
+    failures left as they are (``tolerated``)."""
+
+    training: Training
+    repairs: int
+    max_repairs: int
+    found_nothing: int
+    rejected: dict[tuple, set[str]]
+    tolerated: set[tuple]
+
+    def allows(self, trip: Trip, repair: str) -> bool:
+        """May ``trip`` make ``repair``? Not where it was taken back for the same failure."""
+
+
+# A rung: called with the ladder and the trip; it may end the trip.
+Rung = Callable[[LadderState, Trip], None]
