@@ -1,18 +1,22 @@
-"""The precision guard's step-time overhead (target: inside the machine's noise).
+"""What the precision guard costs a user's training: the wall time of the whole ``fit``.
 
-    .venv/bin/python benchmarks/guard_overhead.py [--rounds 4] [--epochs 8]
-        [--task examples/digits_mlp.py] [--policy mixed_bfloat16]
+    .venv/bin/python benchmarks/guard_overhead.py [--rounds 3] [--epochs 2]
+        [--task examples/digits_mlp.py --task ...] [--policy mixed_bfloat16]
 
-Trains the task under the policy with and without ``cfg.guard()``, each in a fresh process, in
-ABBA order (plain, guarded, guarded, plain per round), and times every step with the same
-timing callback in both arms (from one step's start to the next: the guard's reads after each
-step, its per-layer float32 comparison every 200 steps and at each epoch's end, and any repair
-are inside; the clock's own cost is common to both). Each process's figure is its mean step
-time after the first epoch (tracing excluded; the mean, not the median, so the periodic
-comparison counts); each round gives the ratio guarded/plain of its two pairs' means. Prints
-the median ratio with a 95% interval from the rounds (t on the log ratios) and writes
-benchmarks/results/guard_overhead.json (the digits MLP) or guard_overhead_<task>.json. Run it
-on an otherwise idle machine.
+For each task (default: the digits MLP, house prices and the text transformer), trains it under
+the policy with and without ``cfg.guard()``, each in a fresh process, in ABBA order (plain,
+guarded, guarded, plain per round). The task's arrays are repeated so that an epoch has at
+least ``--steps-per-epoch`` steps (the examples' own epochs are 7 to 64 steps, shorter than a
+real training's); one ``fit`` call trains a warm-up epoch (tracing, the first snapshot) and then
+``--epochs`` more, and the figure is the wall time from the second epoch's start to ``fit``'s
+return: every step, every callback's work (the guard's reads after each step, its snapshots,
+its checks every ``check_every`` steps and at each epoch's end, its end-of-training record)
+and Keras's own bookkeeping, as the user pays them. No per-step timing callback runs in either
+arm (one timestamp at the second epoch's start, the same in both). Each round gives the ratio
+guarded/plain of its two pairs' sums. Prints the median ratio with a 95% interval from the
+rounds (t on the log ratios) and writes benchmarks/results/guard_overhead.json (the digits MLP)
+or guard_overhead_<task>.json; ``--table`` prints the guard page's table from those files. Run
+it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -26,87 +30,126 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.machine import machine_description  # noqa: E402 - after the repository's path
+
 RESULTS = ROOT / "benchmarks" / "results" / "guard_overhead.json"
+EXAMPLES = ("digits_mlp", "house_prices", "text_transformer")
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 CHILD = r"""
-import importlib.util, json, statistics, sys, time
+import importlib.util, json, math, sys, time
 import keras
+import numpy as np
 from tuner import PrecisionConfig
 guarded, epochs, policy = sys.argv[1] == "1", int(sys.argv[2]), sys.argv[4]
+steps_per_epoch = int(sys.argv[5])
 spec = importlib.util.spec_from_file_location("task", sys.argv[3])
 task = importlib.util.module_from_spec(spec); spec.loader.exec_module(task)
 keras.utils.set_random_seed(0)
-from tuner.apply.config import LossScale
-scale = LossScale("dynamic", floor=1e-6) if policy == "mixed_float16" else LossScale()
-cfg = PrecisionConfig(policy=policy, loss_scale=scale)
+cfg = PrecisionConfig(policy=policy)
 x, y = task.train_data()
+copies = math.ceil(steps_per_epoch * task.BATCH_SIZE / len(x))
+x, y = np.concatenate([x] * copies), np.concatenate([y] * copies)
 
-class Clock(keras.callbacks.Callback):
-    # From one step's start to the next's: every callback's work (the guard's too) is inside.
-    def __init__(self): super().__init__(); self.times = []; self.epoch = 0; self.start = None
-    def on_epoch_begin(self, epoch, logs=None): self.epoch = epoch; self.start = None
-    def on_train_batch_begin(self, batch, logs=None):
-        now = time.perf_counter()
-        if self.epoch > 0 and self.start is not None: self.times.append(now - self.start)
-        self.start = now
+class SecondEpoch(keras.callbacks.Callback):
+    # One timestamp: the start of the first timed epoch (the same in both arms).
+    started = None
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1: SecondEpoch.started = time.perf_counter()
 
 with cfg.scope():
     model = task.build_model()
-model.compile(optimizer=cfg.wrap_optimizer(task.make_optimizer()), loss=task.LOSS,
+optimizer = task.make_optimizer() if hasattr(task, "make_optimizer") else "adam"
+model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.get(optimizer)), loss=task.LOSS,
               **cfg.compile_kwargs())
-clock = Clock()
-callbacks = [clock] + ([cfg.guard()] if guarded else [])
-model.fit(x, y, batch_size=task.BATCH_SIZE, epochs=epochs, shuffle=False, verbose=0,
+callbacks = [SecondEpoch()] + ([cfg.guard(verbose=0)] if guarded else [])
+model.fit(x, y, batch_size=task.BATCH_SIZE, epochs=1 + epochs, shuffle=True, verbose=0,
           callbacks=callbacks)
-print(json.dumps({"mean_step_s": statistics.fmean(clock.times), "steps": len(clock.times)}))
+elapsed = time.perf_counter() - SecondEpoch.started
+print(json.dumps({"fit_s": elapsed, "steps": epochs * math.ceil(len(x) / task.BATCH_SIZE)}))
 """
 
 
-def _time(guarded: bool, epochs: int, task: Path, policy: str) -> float:
+def _time(guarded: bool, epochs: int, task: Path, policy: str, steps: int) -> tuple[float, int]:
     done = subprocess.run([sys.executable, "-c", CHILD, "1" if guarded else "0", str(epochs),
-                           str(task), policy], capture_output=True,
-                          text=True, env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin"},
-                          check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["mean_step_s"]
+                           str(task), policy, str(steps)], capture_output=True, text=True,
+                          env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin"}, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures["fit_s"], figures["steps"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--task", type=Path, default=ROOT / "examples" / "digits_mlp.py")
-    parser.add_argument("--policy", default="mixed_bfloat16")
-    args = parser.parse_args()
-    task = args.task.resolve()
+def _interval(ratios: list[float]) -> tuple[float, float]:
+    logs = [math.log(r) for r in ratios]
+    if len(logs) < 2:
+        return float("nan"), float("nan")
+    centre = statistics.mean(logs)
+    half = _T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(centre - half), math.exp(centre + half)
 
-    def timed(guarded):
-        return _time(guarded, args.epochs, task, args.policy)
 
-    ratios, rows = [], []
-    for round_ in range(args.rounds):
-        plain_a, guarded_a = timed(False), timed(True)
-        guarded_b, plain_b = timed(True), timed(False)
+def measure(task: Path, rounds: int, epochs: int, policy: str, steps: int) -> dict:
+    ratios, rows, counted = [], [], 0
+    for round_ in range(rounds):
+        (plain_a, counted), (guarded_a, _) = (_time(False, epochs, task, policy, steps),
+                                              _time(True, epochs, task, policy, steps))
+        (guarded_b, _), (plain_b, _) = (_time(True, epochs, task, policy, steps),
+                                        _time(False, epochs, task, policy, steps))
         ratio = (guarded_a + guarded_b) / (plain_a + plain_b)
         ratios.append(ratio)
         rows.append({"plain_s": [plain_a, plain_b], "guarded_s": [guarded_a, guarded_b],
                      "ratio": ratio})
-        print(f"round {round_ + 1}: plain {1e3 * (plain_a + plain_b) / 2:.2f} ms, guarded "
-              f"{1e3 * (guarded_a + guarded_b) / 2:.2f} ms, ratio {ratio:.3f}", flush=True)
-    logs = [math.log(r) for r in ratios]
-    centre = statistics.mean(logs)
-    half = _T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs)) \
-        if len(logs) > 1 else float("nan")
-    low, high = math.exp(centre - half), math.exp(centre + half)
-    summary = {"median_ratio": statistics.median(ratios), "interval_95": [low, high],
-               "rounds": rows, "epochs": args.epochs, "statistic": "mean step time",
-               "model": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task),
-               "policy": args.policy}
-    results = RESULTS if task.name == "digits_mlp.py" else \
-        RESULTS.with_name(f"guard_overhead_{task.stem}.json")
-    results.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"guard overhead: step time x{summary['median_ratio']:.3f} "
-          f"[{low:.3f}-{high:.3f}] (95% interval over {len(ratios)} rounds)")
+        print(f"{task.stem} round {round_ + 1}: plain {1e3 * (plain_a + plain_b) / 2 / counted:.2f}"
+              f" ms/step, guarded {1e3 * (guarded_a + guarded_b) / 2 / counted:.2f} ms/step, "
+              f"ratio {ratio:.3f}", flush=True)
+    low, high = _interval(ratios)
+    plain_s = [s for row in rows for s in row["plain_s"]]
+    return {"median_ratio": statistics.median(ratios), "interval_95": [low, high],
+            "rounds": rows, "epochs": epochs, "steps_timed": counted,
+            "plain_step_ms": round(1e3 * statistics.median(plain_s) / counted, 3),
+            "statistic": f"wall time of fit over {epochs} epochs after a warm-up epoch",
+            "model": str(task.relative_to(ROOT)) if task.is_relative_to(ROOT) else str(task),
+            "policy": policy, "machine": machine_description()}
+
+
+def results_of(stem: str) -> Path:
+    return RESULTS if stem == "digits_mlp" else RESULTS.with_name(f"guard_overhead_{stem}.json")
+
+
+def table(results: dict[str, dict]) -> str:
+    """The guard page's table, from the results files of ``EXAMPLES`` (``--table``)."""
+    lines = ["| example | plain step | guarded / plain `fit`, median of rounds | 95% interval "
+             "| each round |", "|---|---|---|---|---|"]
+    for stem, figures in results.items():
+        low, high = figures["interval_95"]
+        each = ", ".join(f"{row['ratio']:.3f}" for row in figures["rounds"])
+        lines.append(f"| `{figures['model']}` | {figures['plain_step_ms']:.2f} ms | "
+                     f"x{figures['median_ratio']:.3f} | {low:.3f}-{high:.3f} | {each} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps-per-epoch", type=int, default=300)
+    parser.add_argument("--task", type=Path, action="append")
+    parser.add_argument("--policy", default="mixed_bfloat16")
+    parser.add_argument("--table", action="store_true",
+                        help="print the guard page's table from the results files; time nothing")
+    args = parser.parse_args()
+    if args.table:
+        print(table({stem: json.loads(results_of(stem).read_text()) for stem in EXAMPLES}))
+        return
+    tasks = args.task or [ROOT / "examples" / f"{name}.py" for name in EXAMPLES]
+    for task in (path.resolve() for path in tasks):
+        summary = measure(task, args.rounds, args.epochs, args.policy, args.steps_per_epoch)
+        results_of(task.stem).write_text(json.dumps(summary, indent=2) + "\n")
+        low, high = summary["interval_95"]
+        print(f"{task.stem}: the guard's fit x{summary['median_ratio']:.3f} [{low:.3f}-{high:.3f}]"
+              f" (95% interval over {args.rounds} rounds; plain {summary['plain_step_ms']} "
+              "ms/step)")
 
 
 if __name__ == "__main__":

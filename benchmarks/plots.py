@@ -8,8 +8,8 @@ Each plot shows ratios with their intervals, as every speed claim here is made:
   A/A noise);
 - ``run_to_run.png``: the speedups exported by repeated tunes of one example, each with its
   interval, and the fresh-process A/B checks of the same pick;
-- ``guard_overhead.png``: the precision guard's step-time ratio per ABBA round, with the median
-  and its interval.
+- ``guard_overhead.png``: the precision guard's ratio of whole-``fit`` wall times per ABBA
+  round (the digits MLP), with the median and its interval.
 
 tests/project/test_docs.py draws them again from the results files and compares them with the
 committed images, so a figure on the site is always its results file's.
@@ -102,7 +102,7 @@ def guard_overhead(results: dict, path: Path) -> None:
     axis.axhspan(low, high, color="tab:blue", alpha=0.15)
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xlabel("round")
-    axis.set_ylabel("guarded / plain step time")
+    axis.set_ylabel("guarded / plain fit wall time")
     axis.set_title(f"precision guard overhead ({results['model']}, {results['policy']})")
     axis.legend(fontsize=8)
     figure.tight_layout()
