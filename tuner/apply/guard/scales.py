@@ -76,12 +76,14 @@ class ScaleWatch:
         return self.optimizer.built
 
     def stepped(self, steps: int) -> None:
-        """After ``steps`` training steps: count the updates the loss scale skipped."""
-        if not self.applied:
+        """After ``steps`` training steps: count the updates the loss scale skipped. Without a
+        loss scale no update is skipped: nothing is read (a host read a step, a third of a
+        millisecond here, on every bfloat16 and float32 training)."""
+        if not self.applied or not self.scaled:
             return
         iterations = self.read_iterations()
         applied, self.iterations = iterations - self.iterations, iterations
-        skipped = max(0, steps - applied) if self.scaled else 0
+        skipped = max(0, steps - applied)
         self.skipped_epoch += skipped
         self.skipped_run = self.skipped_run + skipped if skipped else 0
         self.floor_steps = self.floor_steps + 1 if self.at_floor() else 0
