@@ -69,6 +69,15 @@ def step_logs(returned: Any) -> dict[str, Any]:
     return {"loss": returned}
 
 
+def compile_for_step(model: keras.Model, optimizer: Any, **kwargs: Any) -> None:
+    """``model.compile`` for a step of its own: with the one optimizer as ``model.optimizer``
+    (a dict's are the step's, set by ``install``; compile then keeps Keras's default, which no
+    step applies), Keras adding no loss scale of its own; ``kwargs`` as ``compile`` takes
+    them (loss, metrics, jit_compile)."""
+    single = optimizer if isinstance(optimizer, keras.optimizers.Optimizer) else None
+    model.compile(optimizer=single or "rmsprop", auto_scale_loss=False, **kwargs)
+
+
 def install(model: keras.Model, step: Step, optimizer: Any) -> dict[str, Any]:
     """Make ``step(model, optimizer, batch)`` the model's training step and each optimizer a
     model attribute (``named_optimizers``); returns those attributes. ``model.compile`` first:

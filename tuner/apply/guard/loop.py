@@ -63,9 +63,7 @@ class LoopGuard:
         if not getattr(model, "compiled", False):
             # The step is the loop's; compile only gives the model what a Keras step has
             # around it (its jit_compile, its metrics) and the guard reads.
-            single = optimizer if isinstance(optimizer, keras.optimizers.Optimizer) else None
-            model.compile(optimizer=single or "rmsprop", jit_compile=jit_compile,
-                          auto_scale_loss=False)
+            own_step.compile_for_step(model, optimizer, jit_compile=jit_compile)
         own_step.install(model, train_step, optimizer)
         self._params = {"epochs": epochs, "steps": steps_per_epoch}
         self._function: Any = None

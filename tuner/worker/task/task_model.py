@@ -70,9 +70,8 @@ def compiling_own_step(module, name: str) -> Callable:
         except ConfigError as exc:
             raise TaskError(f"{name}: {exc}") from None
         optimizer = own_step.each_optimizer(made, wrap_optimizer)
-        single = optimizer if isinstance(optimizer, keras.optimizers.Optimizer) else None
-        model.compile(optimizer=single or "rmsprop", loss=getattr(module, "LOSS", None),
-                      metrics=getattr(module, "METRICS", None), auto_scale_loss=False)
+        own_step.compile_for_step(model, optimizer, loss=getattr(module, "LOSS", None),
+                                  metrics=getattr(module, "METRICS", None))
         own_step.install(model, module.train_step, optimizer)
 
     return compile_model
