@@ -1,14 +1,17 @@
 """What the precision guard costs a user's training: the wall time of the whole ``fit``.
 
-    .venv/bin/python benchmarks/guard_overhead.py [--rounds 3] [--epochs 2]
+    .venv/bin/python benchmarks/guard_overhead.py [--rounds 5] [--epochs 2] [--seconds 3]
         [--task examples/digits_mlp.py --task ...] [--policy mixed_bfloat16]
 
-For each task (default: the digits MLP, house prices and the text transformer), trains it under
-the policy with and without ``cfg.guard()``, each in a fresh process, in ABBA order (plain,
-guarded, guarded, plain per round). The task's arrays are repeated so that an epoch has at
-least ``--steps-per-epoch`` steps (the examples' own epochs are 7 to 64 steps, shorter than a
-real training's); one ``fit`` call trains a warm-up epoch (tracing, the first snapshot) and then
-``--epochs`` more, and the figure is the wall time from the second epoch's start to ``fit``'s
+For each task (default: the digits MLP, house prices and the text transformer; any task file
+with ``build_model`` and ``train_data`` returning arrays, compiled by its ``compile_model``
+where it has one), trains it under the policy with and without ``cfg.guard()``, each in a fresh
+process, in ABBA order (plain, guarded, guarded, plain per round). The task's arrays are
+repeated so that an epoch has at least ``--steps-per-epoch`` steps (the examples' own epochs
+are 7 to 64 steps, shorter than a real training's), and more where the timed epochs would
+last less than ``--seconds`` (a first plain run measures the step; a 1 ms step needs
+thousands for the machine's noise to average out); one ``fit`` call trains a warm-up epoch
+(tracing, the first snapshot) and then ``--epochs`` more, and the figure is the wall time from the second epoch's start to ``fit``'s
 return: every step, every callback's work (the guard's reads after each step, its snapshots,
 its checks every ``check_every`` steps and at each epoch's end, its end-of-training record)
 and Keras's own bookkeeping, as the user pays them. No per-step timing callback runs in either
@@ -61,9 +64,12 @@ class SecondEpoch(keras.callbacks.Callback):
 
 with cfg.scope():
     model = task.build_model()
-optimizer = task.make_optimizer() if hasattr(task, "make_optimizer") else "adam"
-model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.get(optimizer)), loss=task.LOSS,
-              **cfg.compile_kwargs())
+if hasattr(task, "compile_model"):   # a model with its own compile (several optimizers)
+    task.compile_model(model, cfg.wrap_optimizer)
+else:
+    optimizer = task.make_optimizer() if hasattr(task, "make_optimizer") else "adam"
+    model.compile(optimizer=cfg.wrap_optimizer(keras.optimizers.get(optimizer)),
+                  loss=task.LOSS, **cfg.compile_kwargs())
 callbacks = [SecondEpoch()] + ([cfg.guard(verbose=0)] if guarded else [])
 model.fit(x, y, batch_size=task.BATCH_SIZE, epochs=1 + epochs, shuffle=True, verbose=0,
           callbacks=callbacks)
@@ -87,6 +93,12 @@ def _interval(ratios: list[float]) -> tuple[float, float]:
     centre = statistics.mean(logs)
     half = _T95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(centre - half), math.exp(centre + half)
+
+
+def steps_for(task: Path, epochs: int, policy: str, steps: int, seconds: float) -> int:
+    """Steps an epoch: at least ``steps``, and enough for ``epochs`` to last ``seconds``."""
+    elapsed, _ = _time(False, epochs, task, policy, steps)
+    return max(steps, math.ceil(steps * seconds / max(elapsed, 1e-3)))
 
 
 def measure(task: Path, rounds: int, epochs: int, policy: str, steps: int) -> dict:
@@ -131,9 +143,11 @@ def table(results: dict[str, dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=300)
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="the least time the timed epochs of one arm last (default 3)")
     parser.add_argument("--task", type=Path, action="append")
     parser.add_argument("--policy", default="mixed_bfloat16")
     parser.add_argument("--table", action="store_true",
@@ -144,7 +158,8 @@ def main() -> None:
         return
     tasks = args.task or [ROOT / "examples" / f"{name}.py" for name in EXAMPLES]
     for task in (path.resolve() for path in tasks):
-        summary = measure(task, args.rounds, args.epochs, args.policy, args.steps_per_epoch)
+        steps = steps_for(task, args.epochs, args.policy, args.steps_per_epoch, args.seconds)
+        summary = measure(task, args.rounds, args.epochs, args.policy, steps)
         results_of(task.stem).write_text(json.dumps(summary, indent=2) + "\n")
         low, high = summary["interval_95"]
         print(f"{task.stem}: the guard's fit x{summary['median_ratio']:.3f} [{low:.3f}-{high:.3f}]"

@@ -102,6 +102,13 @@ class HostCopy:
     def __init__(self, variables: list) -> None:
         self.values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
+    @classmethod
+    def of_values(cls, values: list) -> HostCopy:
+        """A copy of values already read (``tuner.apply.guard.state.StateReader``)."""
+        copy = cls([])
+        copy.values = values
+        return copy
+
     @property
     def finite(self) -> bool:
         """Every float value finite."""

@@ -38,6 +38,7 @@ history is the same bit for bit (tests/apply/guard/test_guard.py).
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Sequence
 
 import keras
@@ -45,13 +46,15 @@ import keras
 from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import detectors as checks
-from tuner.apply.guard import mlflow_record, readings
+from tuner.apply.guard import ledger, mlflow_record, readings
 from tuner.apply.guard.detectors import Detector, Finding, StepReading, findings
 from tuner.apply.guard.events import GuardEvent
-from tuner.apply.guard.failures import Notice
+from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.ladder import End, Ladder, Rung
+from tuner.apply.guard.ledger import StepLedger
+from tuner.apply.guard.state import StateReader
+from tuner.apply.guard.step_reads import HostReads, LedgerReads, StepRow
 from tuner.apply.guard.training import Training
-from tuner.apply.guard.watch import LossSeries
 from tuner.apply.reach import unreached_model
 from tuner.errors import ConfigError, GuardError
 
@@ -84,13 +87,14 @@ class PrecisionGuard(keras.callbacks.Callback):
     ``ladder.Rung``), asked after the guard's own detectors and run before its diagnosis.
     """
 
-    def __init__(self, config: ConfigData, *, snapshot_every: int = 50,
+    def __init__(self, config: ConfigData, *, snapshot_every: int | None = None,
                  max_repairs: int = 5, max_skipped: int = 25, spike_sigmas: float = 12.0,
                  check_every: int | None = 200, float32_check: Any = None, data: Any = None,
                  check_budget: float | None = CHECK_BUDGET, verbose: int = 1,
                  detectors: Sequence[Detector] = (), rungs: Sequence[Rung] = ()) -> None:
         super().__init__()
-        self.snapshot_every = readings.positive_int("snapshot_every", snapshot_every)
+        self.snapshot_every = None if snapshot_every is None else \
+            readings.positive_int("snapshot_every", snapshot_every)
         self.max_repairs = readings.positive_int("max_repairs", max_repairs)
         self.max_skipped = readings.positive_int("max_skipped", max_skipped)
         self.check_every = None if check_every is None else \
@@ -100,7 +104,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         self.verbose = verbose
         self.events: list[GuardEvent] = []
         self.history: list[dict[str, Any]] = []   # per-epoch figures
-        self._training = Training(config, data)
+        self._training = Training(config, data, self.snapshot_every)
         self._ladder = Ladder(self._training, self.max_repairs, rungs)
         # Every check, asked at every step and epoch; a trip's kind is the first one's finding.
         self._detectors: tuple[Detector, ...] = (
@@ -109,8 +113,8 @@ class PrecisionGuard(keras.callbacks.Callback):
             checks.NonFiniteValidation(), checks.Float32Gap(),
             checks.SilentLayers(self.check_every, check_budget),
             checks.PrecisionLoss(self.check_every, check_budget), *detectors)
-        self._losses = LossSeries()
-        self._epoch_base = 0   # steps trained in this fit before this epoch
+        self._reads: HostReads | LedgerReads = HostReads(None)
+        self._ledger: StepLedger | None = None
 
     # -- what the guard reports --------------------------------------------------------------
     @property
@@ -137,12 +141,30 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     # -- Keras hooks -------------------------------------------------------------------------
     def on_train_begin(self, logs=None) -> None:
+        self._begin(under_fit=True)
+
+    def begin_loop(self) -> None:
+        """Begin the watch of a loop that is not ``fit`` (tuner.apply.guard.loop): it calls
+        ``after_step`` after each step."""
+        self._begin(under_fit=False)
+
+    def _begin(self, under_fit: bool) -> None:
         model = self.model
         untuned_because = untuned(self.config, model)
         if untuned_because:  # a training the config was never tuned for: refused, one line
             raise ConfigError(f"the guard refuses to watch this training: {untuned_because}")
-        self._training.begin(model)
-        self._tracker = readings.loss_tracker(model)
+        training = self._training
+        in_step = under_fit and ledger.usable(model)
+        training.begin(model, StateReader() if in_step else None)
+        tracker = readings.loss_tracker(model)
+        self._reads = HostReads(tracker)
+        # fit made its train function before the guard is called: wrapped, and where the step
+        # can write its own row, made again with the row written in it.
+        if under_fit and training.keeper.wrap(model, after=self._after_call) and in_step:
+            self._ledger = StepLedger(model, training.scales, tracker)
+            self._ledger.install()
+            training.retrace()
+            self._reads = LedgerReads(self._ledger, training.snapshot_every)
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
             self._record(Notice.PRECISION_UNREACHED, unreached, (), "nothing to repair",
@@ -154,29 +176,51 @@ class PrecisionGuard(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None) -> None:
         training = self._training
         training.epoch = epoch
-        self._epoch_base = training.step
         for watch in training.scales:
             watch.epoch_began()
-        self._losses.reset()
+        self._reads.epoch_began()
 
-    def on_train_batch_end(self, batch, logs=None) -> None:
+    def after_step(self, logs: dict) -> None:
+        """One step ran (a loop's: tuner.apply.guard.loop), its ``logs`` as numbers."""
+        self._after_call(logs, 1)
+
+    def _after_call(self, logs: Any, steps: int) -> None:
+        """``steps`` steps ran (one call of the train function): read their rows where due."""
+        rows = self._reads.after_call(logs or {}, steps, self._training.steps_to_snapshot())
+        if rows:
+            self._take(rows)
+
+    def _take(self, rows: list[StepRow]) -> None:
+        """The rows of the steps run since the last read, each judged as its step: every
+        detector asked, a failure repaired, and a snapshot where one is due after a window found
+        healthy. The steps after a trip that restored or repaired ran on the state it replaced:
+        they are not judged (their findings would be the same failure's, found again)."""
+        started = time.perf_counter()
         training = self._training
-        if training.settled:
-            return
-        logs = logs or {}
-        training.stepped(self._epoch_base + int(batch) + 1)
-        step = StepReading(self._step_loss(logs), logs)
-        found = self._answered([finding for detector in self._detectors
-                                for finding in findings(detector.after_step(training, step))])
-        if found:
-            self._repair(found)
-        elif training.snapshot_due(self.snapshot_every):
-            training.take_snapshot()
-        if training.start is not None and not self._early():
-            training.start = None
+        batches = training.keeper.take_window(len(rows))
+        for index, row in enumerate(rows):
+            if training.settled:
+                break
+            training.keeper.point_at(batches[index])
+            training.stepped(row)
+            step = StepReading(row.loss, row.logged)
+            found = self._answered([finding for detector in self._detectors
+                                    for finding in findings(detector.after_step(training, step))])
+            if found and self._repair(found, later=len(rows) - index - 1):
+                training.keeper.point_at(batches[-1])
+                break
+            if training.start is not None and not self._early():
+                training.start = None
+        else:
+            if training.snapshot_due():
+                training.take_snapshot()
+        self._reads.spent(time.perf_counter() - started)
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs or {}
+        rows = self._reads.drain()
+        if rows:
+            self._take(rows)
         training = self._training
         figures = {"epoch": epoch, "loss": readings.scalar(logs.get("loss")),
                    "val_loss": readings.scalar(logs.get("val_loss")),
@@ -205,19 +249,29 @@ class PrecisionGuard(keras.callbacks.Callback):
         """The findings the ladder still repairs (not those of a failure left as it is)."""
         return [finding for finding in found if self._ladder.answers(finding)]
 
-    def _repair(self, found: list[Finding]) -> None:
+    def _repair(self, found: list[Finding], later: int = 0) -> bool:
+        """One trip for ``found``; ``later``: steps already run after the failing one (read in
+        the same window). True where the trip restored, repaired or took a repair back: those
+        steps ran on the state it replaced, and count only as steps the training ran."""
         trip = self._ladder.climb(found)
         if trip.end is End.STOP:
             self._stop(trip.seen)
         training = self._training
+        replaced = trip.restored is not None or bool(trip.repairs) \
+            or trip.kind == Failure.REPAIR_WORSE or training.settled
+        if replaced and trip.restored is None:
+            training.position += later
         self.model.reset_metrics()
         for watch in training.scales:   # count from the state the trip left
             watch.resync()
-        self._losses.reset()
+        self._reads.tripped()
         report = trip.report(training)
         for detector in self._detectors:
             detector.after_trip(report)
         self._record(trip.kind, trip.seen, trip.moved, trip.action, trip.why)
+        if replaced:
+            training.step += later
+        return replaced
 
     def _stop(self, seen: str) -> None:
         """Out of repairs with no last resort: stop the training, cleanly (Keras does not call
@@ -242,6 +296,9 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     def _close(self) -> None:
         self._training.keeper.unwrap()
+        if self._ledger is not None:
+            self._ledger.uninstall()
+            self._ledger = None
         mlflow_record.log_to_mlflow(self.history,
                                     [event.to_dict() for event in self.events], self.config)
 
@@ -256,9 +313,3 @@ class PrecisionGuard(keras.callbacks.Callback):
             figures[f"skipped_steps{suffix}"] = watch.skipped_epoch
         return figures
 
-    def _step_loss(self, logs: dict) -> float | None:
-        total = count = None
-        if self._tracker is not None:
-            total = float(keras.ops.convert_to_numpy(self._tracker.total))
-            count = float(keras.ops.convert_to_numpy(self._tracker.count))
-        return self._losses.step_loss(total, count, readings.scalar(logs.get("loss")))

@@ -68,7 +68,7 @@ class LoopGuard:
         self._params = {"epochs": epochs, "steps": steps_per_epoch}
         self._function: Any = None
         self._made_for: Any = None   # the model's train function the compiled step matches
-        self._epoch, self._batch_index = 0, 0
+        self._epoch = 0
         self._losses: list[float | None] = []   # this epoch's step losses
         self._begun = self._epoch_open = self._closed = False
 
@@ -101,16 +101,15 @@ class LoopGuard:
         if not self._begun:
             guard.set_model(self.model)
             guard.set_params(dict(self._params))
-            guard.on_train_begin()
+            guard.begin_loop()
             self._begun = True
         if not self._epoch_open:
             guard.on_epoch_begin(self._epoch)
-            self._epoch_open, self._batch_index, self._losses = True, 0, []
+            self._epoch_open, self._losses = True, []
         guard.keep(batch)
         logs = {name: _number(value) for name, value in self._compiled()(batch).items()}
         self._losses.append(logs.get("loss"))
-        guard.on_train_batch_end(self._batch_index, logs)
-        self._batch_index += 1
+        guard.after_step(logs)
         return logs["loss"] if set(logs) == {"loss"} else logs
 
     def end_epoch(self, val_loss: float | None = None, **figures: float) -> None:

@@ -46,6 +46,7 @@ class ScaleWatch:
         self.iterations = self.read_iterations()
         self.skipped_run = self.skipped_epoch = self.floor_steps = 0
         self.fitted_at = -1   # the step the fitting scale was found at
+        self.last_scale: float | None = None   # after the last step read, as its row read it
         self.fitted: float | None = None
 
     @property
@@ -75,13 +76,18 @@ class ScaleWatch:
         GAN's train_step applies its own, never is: it is not watched."""
         return self.optimizer.built
 
-    def stepped(self, steps: int) -> None:
-        """After ``steps`` training steps: count the updates the loss scale skipped. Without a
-        loss scale no update is skipped: nothing is read (a host read a step, a third of a
-        millisecond here, on every bfloat16 and float32 training)."""
+    def stepped(self, steps: int, iterations: int | None = None,
+                scale: float | None = None) -> None:
+        """After ``steps`` training steps: count the updates the loss scale skipped, from what
+        the steps' own rows read (the ``iterations`` applied so far, the ``scale`` after them:
+        tuner.apply.guard.ledger) or, where they read nothing, from the optimizer (a host
+        read). Without a loss scale no update is skipped: nothing is read (a host read a step,
+        a third of a millisecond here, on every bfloat16 and float32 training)."""
         if not self.applied or not self.scaled:
             return
-        iterations = self.read_iterations()
+        self.last_scale = scale
+        if iterations is None:
+            iterations = self.read_iterations()
         applied, self.iterations = iterations - self.iterations, iterations
         skipped = max(0, steps - applied)
         self.skipped_epoch += skipped
@@ -94,6 +100,7 @@ class ScaleWatch:
     def resync(self) -> None:
         """After a trip: count from the optimizer's state as the repair left it."""
         self.iterations, self.skipped_run, self.floor_steps = self.read_iterations(), 0, 0
+        self.last_scale = None
 
     def lower_floor(self, floor: float, start: float) -> None:
         """The floor lowered (the optimizer's, where it has one: Keras's own has none, the
@@ -114,9 +121,11 @@ class ScaleWatch:
         return self.fitted
 
     def at_floor(self) -> bool:
+        """Is a dynamic scale at its floor (after the last step read: its row's scale where
+        it has one)?"""
         if not self.applied:
             return False
-        scale = self.scale()
+        scale = self.last_scale if self.last_scale is not None else self.scale()
         return scale is not None and self.dynamic and scale <= self.floor
 
     def owner(self) -> str:

@@ -10,6 +10,7 @@ training worse can be taken back.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import keras
@@ -17,19 +18,33 @@ import keras
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, readings, scales
 from tuner.apply.guard.scales import Rescale, ScaleWatch
-from tuner.apply.guard.state import BatchKeeper, Snapshot
+from tuner.apply.guard.state import BatchKeeper, Snapshot, StateReader
+from tuner.apply.guard.step_reads import StepRow
+from tuner.apply.guard.watch import Spacing
 from tuner.apply.layers import layer_paths
 from tuner.apply.loss_scaling import transitions
 from tuner.apply.vocabulary import WeightUpdate
 
+# Steps between snapshots where ``snapshot_every`` is left to the guard, and the share of the
+# training's time they may take then (spaced further where one costs more).
+SNAPSHOT_EVERY = 50
+SNAPSHOT_BUDGET = 0.005
+
 
 class Training:
     """The watched training. ``config``: the config as applied, amended by every repair (what
-    ``guard.config`` returns); ``data``: a batch to diagnose on where none was kept yet."""
+    ``guard.config`` returns); ``data``: a batch to diagnose on where none was kept yet;
+    ``snapshot_every``: steps between snapshots (None: ``SNAPSHOT_EVERY``, or further apart
+    where one would take more than ``SNAPSHOT_BUDGET`` of the training's time)."""
 
-    def __init__(self, config: ConfigData, data: Any = None) -> None:
+    def __init__(self, config: ConfigData, data: Any = None,
+                 snapshot_every: int | None = None) -> None:
         self.config = config
         self.data = data
+        self.snapshot_every = snapshot_every or SNAPSHOT_EVERY
+        self._snapshots = Spacing(self.snapshot_every,
+                                  SNAPSHOT_BUDGET if snapshot_every is None else None)
+        self.reader: StateReader | None = None   # where the state is read in one call
         self.model: keras.Model | None = None
         self.keeper = BatchKeeper()
         self.snapshot: Snapshot | None = None
@@ -42,9 +57,8 @@ class Training:
         self.epoch = 0
         self.settled = False   # after the last resort: a float32 training, not watched
 
-    def begin(self, model: keras.Model) -> None:
-        self.model = model
-        self.keeper.wrap(model)  # fit made its train function before the guard is called
+    def begin(self, model: keras.Model, reader: StateReader | None = None) -> None:
+        self.model, self.reader = model, reader
         readings.build_optimizer(model)   # so that the first snapshot holds its state
         self.scales = scales.watches(model, self.config.loss_scale.floor)
         self.traceable = readings.traceable(model)
@@ -61,23 +75,38 @@ class Training:
         return self.config.compute_dtype != "float32" and self.traceable
 
     # -- snapshots ---------------------------------------------------------------------------
-    def stepped(self, step: int) -> None:
-        """Keras's step counter after a step: where the training and its weights are."""
-        steps = max(1, step - self.step)
-        self.step, self.position = step, self.position + steps
-        for watch in self.scales:
-            watch.stepped(steps)
+    def stepped(self, row: StepRow) -> None:
+        """One more step, as its row read it: where the training and its weights are, and what
+        each optimizer's loss scale did (read by each watch itself where the row has not)."""
+        self.step, self.position = self.step + 1, self.position + 1
+        for index, watch in enumerate(self.scales):
+            if index < len(row.iterations):
+                watch.stepped(1, row.iterations[index], row.scales[index])
+            else:
+                watch.stepped(1)
 
     def take_snapshot(self) -> None:
-        snapshot = Snapshot(self.model, self.step)
+        started = time.perf_counter()
+        snapshot = Snapshot(self.model, self.step, self.reader)
         snapshot.position = self.position
         if snapshot.finite and not any(watch.skipped_run for watch in self.scales):
             self.snapshot = snapshot
             self.snapshot_bytes = snapshot.nbytes
+            self._snapshots.ran(self.step, started, time.perf_counter())
 
-    def snapshot_due(self, every: int) -> bool:
+    def steps_to_snapshot(self) -> int:
+        """Steps from here to the next snapshot by steps (0 where one is due now;
+        ``snapshot_every`` where it is due by steps but its cost puts it off)."""
+        if self.snapshot is None or not self.snapshot.complete:
+            return 0
+        left = self.snapshot.step + self.snapshot_every - self.step
+        if left > 0:
+            return left
+        return 0 if self.snapshot_due() else self.snapshot_every
+
+    def snapshot_due(self) -> bool:
         return self.snapshot is None or not self.snapshot.complete \
-            or self.step - self.snapshot.step >= every
+            or self._snapshots.due(self.step, False, time.perf_counter())
 
     def restore(self) -> None:
         if self.snapshot is not None:
@@ -167,7 +196,7 @@ class Replaced:
         model = training.model
         assert model is not None   # a repair happens in a training the guard began watching
         self.position = training.position
-        self.state = Snapshot(model, training.step)
+        self.state = Snapshot(model, training.step, training.reader)
         self.config = training.config
         self.policies = [(member, member.dtype_policy)
                          for member in [model] + [layer for layer, _ in layer_paths(model)]]

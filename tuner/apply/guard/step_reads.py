@@ -1,0 +1,137 @@
+"""How the guard hears of the steps a training ran, as a ``StepRow`` a step, in order: read
+from the step's own ledger (tuner.apply.guard.ledger) once every few steps where the step can
+write one (``LedgerReads``), or from the host after every step (``HostReads``: a loop that is
+not ``fit``, a training under ``tf.distribute``, one run eagerly).
+
+``LedgerReads`` spaces its reads by their cost: the window (steps between two reads) is the
+fewest steps whose training time the read takes at most ``READ_BUDGET`` of, measured as the
+training runs, and at most the snapshot interval: a window ends where a snapshot is due, so a
+failure is found before the snapshot it restores from is replaced. At an epoch's end every row
+is read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import keras
+
+from tuner.apply.guard.ledger import CAPACITY, LedgerRow, StepLedger
+from tuner.apply.guard.watch import LossSeries
+
+# The share of the training's time the reads of the ledger may take.
+READ_BUDGET = 0.005
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step as the guard judges it: its loss (None where the model reports none of its
+    own, as a GAN's ``train_step``), the losses its own step logged by name (where it has no
+    loss), and, where the step wrote them (tuner.apply.guard.ledger), each watched optimizer's
+    applied updates so far and loss scale after it (empty: each watch reads its own)."""
+
+    loss: float | None
+    logged: dict[str, float]
+    iterations: tuple[int, ...] = ()
+    scales: tuple[float | None, ...] = ()
+
+
+class HostReads:
+    """A row after every step, read from the host: the loss from Keras's running-mean tracker
+    (two reads) or the logs, and nothing of the optimizers (each ``ScaleWatch`` reads its own)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self._tracker = tracker
+        self._losses = LossSeries()
+
+    def after_call(self, logs: dict, steps: int, until_snapshot: int) -> list[StepRow]:
+        total = count = None
+        if self._tracker is not None:
+            total = float(keras.ops.convert_to_numpy(self._tracker.total))
+            count = float(keras.ops.convert_to_numpy(self._tracker.count))
+        logged = _scalar(logs.get("loss"))
+        loss = self._losses.step_loss(total, count, logged)
+        own = {} if loss is not None else {
+            name: value for name, value in ((name, _scalar(value)) for name, value in
+                                            logs.items() if str(name).endswith("loss"))
+            if value is not None}
+        return [StepRow(loss, own)]
+
+    def drain(self) -> list[StepRow]:
+        return []
+
+    def epoch_began(self) -> None:
+        self._losses.reset()   # Keras resets the tracker
+
+    def tripped(self) -> None:
+        self._losses.reset()   # the guard reset the tracker
+
+    def spent(self, seconds: float) -> None:
+        """Nothing to space: a host read after every step."""
+
+
+class LedgerReads:
+    """Rows from the step's own ledger, read once a window of steps."""
+
+    def __init__(self, ledger: StepLedger, max_window: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.ledger, self.max_window = ledger, max(1, min(max_window, CAPACITY))
+        self.window = min(4, self.max_window)
+        self._clock = clock
+        self._pending = 0                 # steps run since the last read
+        self._since = clock()             # when the last read ended
+        self._spent = 0.0                 # the guard's own time since then (not training)
+        self._losses = LossSeries()
+
+    def after_call(self, logs: dict, steps: int, until_snapshot: int) -> list[StepRow]:
+        """The rows of the steps run, once a window of them ran or a snapshot is due (windows
+        end where snapshots are taken: every ``snapshot_every`` steps, as without a ledger)."""
+        self._pending += steps
+        if self._pending < min(self.window, max(1, until_snapshot)):
+            return []
+        return self._read(adapt=True)
+
+    def drain(self) -> list[StepRow]:
+        return self._read(adapt=False) if self._pending else []
+
+    def epoch_began(self) -> None:
+        self._losses.reset()   # Keras resets the tracker
+
+    def tripped(self) -> None:
+        """After a repair: the rows its probes of the step wrote are not the training's, and
+        the guard reset the tracker."""
+        self.ledger.skip()
+        self._pending = 0
+        self._losses.reset()
+
+    def spent(self, seconds: float) -> None:
+        """Time the guard took outside the reads (checks, snapshots, repairs): not the
+        training's, so not counted as its steps'."""
+        self._spent += seconds
+
+    def _read(self, adapt: bool) -> list[StepRow]:
+        started = self._clock()
+        rows = self.ledger.read()
+        ended = self._clock()
+        if adapt and self._pending:
+            step_seconds = max(started - self._since - self._spent, 1e-6) / self._pending
+            wanted = math.ceil((ended - started) / (READ_BUDGET * step_seconds))
+            self.window = max(1, min(self.max_window, wanted))
+        self._pending, self._since, self._spent = 0, ended, 0.0
+        return [self._judged(row) for row in rows]
+
+    def _judged(self, row: LedgerRow) -> StepRow:
+        loss = self._losses.step_loss(row.total, row.count, row.logged)
+        return StepRow(loss, row.own if loss is None else {}, row.iterations, row.scales)
+
+
+def _scalar(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError):
+        return None
