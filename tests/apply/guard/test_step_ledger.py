@@ -6,7 +6,8 @@ compiled step writes its row, the host reads the rows once a window of steps.
   float16 loss scale), and the guard reads fewer times than steps ran;
 - a batch holding NaN in the middle of a window is found at its own step and diagnosed on its
   own batch (a data fault, not precision), the weights restored to the snapshot before it;
-- the guard leaves Keras's callbacks dispatched asynchronously (it has no per-batch hook).
+- the guard has no per-batch hook: Keras calls nothing of it after a step (a backend that
+  dispatches batch callbacks asynchronously keeps doing so; TensorFlow's never does).
 """
 
 from __future__ import annotations
@@ -124,6 +125,6 @@ def test_a_nan_batch_inside_a_window_is_found_at_its_own_step_on_its_own_batch(j
     assert guard.config == config
 
 
-def test_the_guard_has_no_per_batch_hook_so_keras_dispatches_callbacks_asynchronously():
+def test_the_guard_has_no_per_batch_hook():
     assert PrecisionGuard.on_train_batch_end is keras.callbacks.Callback.on_train_batch_end
     assert PrecisionGuard.on_batch_end is keras.callbacks.Callback.on_batch_end

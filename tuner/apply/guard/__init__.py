@@ -10,8 +10,10 @@ from a training loop that is not ``fit``; ``training`` is what both sides share 
 the watched training (the model, the config as repaired, the snapshots, the kept batch, the loss
 scales).
 
-Beneath them: the per-step loss and its noise (``watch``), the host-memory snapshot of weights
-and optimizer state and the last training batch kept for diagnosis (``state``), the cause of a
+Beneath them: what each compiled step writes of itself for the guard (``ledger``) and how the
+guard hears of the steps, read from that ledger once a window of steps or from the host after
+each (``step_reads``), the per-step loss and its noise (``watch``), the host-memory snapshot of
+weights and optimizer state and the training batches kept for diagnosis (``state``), the cause of a
 failure found on that batch and the moves of one layer (``cause``), each 16-bit layer's output
 against its float32 computation (``fidelity``), the kept batch's loss against float32's
 (``precision_loss``), the smallest set of layers whose float32 brings the model back

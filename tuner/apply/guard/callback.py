@@ -1,11 +1,14 @@
 """``PrecisionGuard``: a Keras callback that watches a training under a ``PrecisionConfig`` and
 repairs what fails on the failing batch, then lets the training go on.
 
-Checks (each failure a kind of ``failures.Failure``), after every step: a non-finite loss; a
+Checks (each failure a kind of ``failures.Failure``), of every step (read from what the
+compiled step wrote of itself, a window of steps at a time: ``ledger``, ``step_reads``; the
+train function's wrapper tells the guard of each call, so Keras calls no hook of it after a
+step): a non-finite loss; a
 run of skipped updates (the optimizer's iterations not advancing under a loss scale); a dynamic
 loss scale at its floor; a loss far above its recent level (``watch.SpikeWatch``). Every
 ``check_every`` steps and at each epoch's end, spaced to take at most ``CHECK_BUDGET`` of the
-training's time: each 16-bit layer's output against the same layer computed in float32 on the
+training's time together: each 16-bit layer's output against the same layer computed in float32 on the
 kept batch (``fidelity``: a finite, wrong output that no NaN ever shows); a layer broken on half
 the batch, or beyond any rounding at two checks in a row, is a failure; then the kept batch's
 loss as the model runs against the same weights in float32 (``precision_loss``: rounding that
@@ -30,9 +33,10 @@ whose dtype reaches (almost) no layer is an event at the start; a model whose op
 compiled as the config was tuned (Keras's own loss scale over a config tuned without one, no loss
 scale where one was tuned: tuner.apply.compiling) is refused before its first step.
 
-A healthy training is untouched: the guard reads variables, runs inference-mode passes on a
-batch it keeps by reference, and calls Keras's own compiled step (XLA included), so the loss
-history is the same bit for bit (tests/apply/guard/test_guard.py).
+A healthy training is untouched: the guard reads variables (its step's row only reads what
+the step wrote), runs inference-mode passes on a batch it keeps by reference, and calls Keras's
+own compiled step (XLA included), so the loss history is the same bit for bit
+(tests/apply/guard/test_guard.py).
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ from tuner.errors import ConfigError, GuardError
 __all__ = ["GuardError", "PrecisionGuard"]
 
 
-# The share of training time each check on the kept batch (the per-layer float32 comparison,
-# the loss against float32's) may take: checks are spaced out to keep within it.
+# The share of training time the checks on the kept batch (the per-layer float32 comparison,
+# the loss against float32's) may take together: each is spaced out to keep within its half.
 CHECK_BUDGET = 0.02
 # A precision failure found within this share of the training restarts it from its start: the
 # weights learned so far learned to live with the rounding (and the start is kept till then).
@@ -72,7 +76,8 @@ EARLY = 0.25
 class PrecisionGuard(keras.callbacks.Callback):
     """Watch and repair a training under ``config``; add it to ``model.fit(callbacks=[...])``.
 
-    ``snapshot_every``: steps between host-memory snapshots (weights and optimizer state);
+    ``snapshot_every``: steps between host-memory snapshots (weights and optimizer state;
+    None: 50, or further apart where one would take more than 0.5% of the training's time);
     ``max_repairs``: repairs before the last resort, then ``GuardError``; ``max_skipped``:
     consecutive skipped updates that count as a failure (of each optimizer the model holds: a
     GAN's two are watched and repaired each); ``spike_sigmas``: how many robust
@@ -111,8 +116,8 @@ class PrecisionGuard(keras.callbacks.Callback):
             checks.RepairHarm(), checks.NonFiniteLoss(),
             checks.LossScales(self.max_skipped), checks.LossSpikes(self.spike_sigmas),
             checks.NonFiniteValidation(), checks.Float32Gap(),
-            checks.SilentLayers(self.check_every, check_budget),
-            checks.PrecisionLoss(self.check_every, check_budget), *detectors)
+            checks.SilentLayers(self.check_every, _half(check_budget)),
+            checks.PrecisionLoss(self.check_every, _half(check_budget)), *detectors)
         self._reads: HostReads | LedgerReads = HostReads(None)
         self._ledger: StepLedger | None = None
 
@@ -164,7 +169,8 @@ class PrecisionGuard(keras.callbacks.Callback):
             self._ledger = StepLedger(model, training.scales, tracker)
             self._ledger.install()
             training.retrace()
-            self._reads = LedgerReads(self._ledger, training.snapshot_every)
+            self._reads = LedgerReads(self._ledger, training.snapshot_every,
+                                      training.steps_to_snapshot)
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
             self._record(Notice.PRECISION_UNREACHED, unreached, (), "nothing to repair",
@@ -186,7 +192,7 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     def _after_call(self, logs: Any, steps: int) -> None:
         """``steps`` steps ran (one call of the train function): read their rows where due."""
-        rows = self._reads.after_call(logs or {}, steps, self._training.steps_to_snapshot())
+        rows = self._reads.after_call(logs or {}, steps)
         if rows:
             self._take(rows)
 
@@ -313,3 +319,6 @@ class PrecisionGuard(keras.callbacks.Callback):
             figures[f"skipped_steps{suffix}"] = watch.skipped_epoch
         return figures
 
+
+def _half(budget: float | None) -> float | None:
+    return None if budget is None else budget / 2

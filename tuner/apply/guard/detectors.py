@@ -114,6 +114,8 @@ class LossScales(Detector):
     def after_step(self, training: Training, step: StepReading) -> list[Finding]:
         found = []
         for watch in training.scales:
+            if not watch.scaled:   # no scale: no update skipped, no floor
+                continue
             finding = self._check(training, watch)
             if finding is not None:
                 found.append(Finding(finding.kind, watch.owner() + finding.seen, watch))
@@ -185,11 +187,12 @@ class OnTheBatch(Detector):
         return self._when_due(training, at_epoch_end=True)
 
     def _when_due(self, training: Training, at_epoch_end: bool) -> Finding | None:
-        batch = training.batch()
-        if batch is None or not training.sixteen_bit:
-            return None
         started = self._clock()
-        if not self._spacing.due(training.step, at_epoch_end, started):
+        if not self._spacing.due(training.step, at_epoch_end, started) \
+                or not training.sixteen_bit:
+            return None
+        batch = training.batch()
+        if batch is None:
             return None
         try:
             return self.check(training, batch)

@@ -47,7 +47,7 @@ class HostReads:
         self._tracker = tracker
         self._losses = LossSeries()
 
-    def after_call(self, logs: dict, steps: int, until_snapshot: int) -> list[StepRow]:
+    def after_call(self, logs: dict, steps: int) -> list[StepRow]:
         total = count = None
         if self._tracker is not None:
             total = float(keras.ops.convert_to_numpy(self._tracker.total))
@@ -77,20 +77,22 @@ class LedgerReads:
     """Rows from the step's own ledger, read once a window of steps."""
 
     def __init__(self, ledger: StepLedger, max_window: int,
+                 until_snapshot: Callable[[], int],
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.ledger, self.max_window = ledger, max(1, min(max_window, CAPACITY))
         self.window = min(4, self.max_window)
-        self._clock = clock
+        self._until_snapshot, self._clock = until_snapshot, clock
         self._pending = 0                 # steps run since the last read
+        self._read_at = 1                 # pending steps at which the next read is due
         self._since = clock()             # when the last read ended
         self._spent = 0.0                 # the guard's own time since then (not training)
         self._losses = LossSeries()
 
-    def after_call(self, logs: dict, steps: int, until_snapshot: int) -> list[StepRow]:
+    def after_call(self, logs: dict, steps: int) -> list[StepRow]:
         """The rows of the steps run, once a window of them ran or a snapshot is due (windows
         end where snapshots are taken: every ``snapshot_every`` steps, as without a ledger)."""
         self._pending += steps
-        if self._pending < min(self.window, max(1, until_snapshot)):
+        if self._pending < self._read_at:
             return []
         return self._read(adapt=True)
 
@@ -109,8 +111,10 @@ class LedgerReads:
 
     def spent(self, seconds: float) -> None:
         """Time the guard took outside the reads (checks, snapshots, repairs): not the
-        training's, so not counted as its steps'."""
+        training's, so not counted as its steps'. Called after the rows read were judged: the
+        next read is due a window on, or where a snapshot is."""
         self._spent += seconds
+        self._read_at = max(1, min(self.window, self._until_snapshot() or 1))
 
     def _read(self, adapt: bool) -> list[StepRow]:
         started = self._clock()
