@@ -8,7 +8,7 @@ step): a non-finite loss; a
 run of skipped updates (the optimizer's iterations not advancing under a loss scale); a dynamic
 loss scale at its floor; a loss far above its recent level (``watch.SpikeWatch``). Every
 ``check_every`` steps and at each epoch's end, spaced to take at most ``CHECK_BUDGET`` of the
-training's time together: each 16-bit layer's output against the same layer computed in float32 on the
+training's time together: each 16-bit layer's output against the same layer in float32 on the
 kept batch (``fidelity``: a finite, wrong output that no NaN ever shows); a layer broken on half
 the batch, or beyond any rounding at two checks in a row, is a failure; then the kept batch's
 loss as the model runs against the same weights in float32 (``precision_loss``: rounding that
@@ -50,14 +50,12 @@ import keras
 from tuner.apply.compiling import untuned
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import detectors as checks
-from tuner.apply.guard import ledger, mlflow_record, readings
+from tuner.apply.guard import ledger, mlflow_record, readings, scales, step_reads
 from tuner.apply.guard.detectors import Detector, Finding, StepReading, findings
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.ladder import End, Ladder, Rung
-from tuner.apply.guard.ledger import StepLedger
 from tuner.apply.guard.state import StateReader
-from tuner.apply.guard.step_reads import HostReads, LedgerReads, StepRow
 from tuner.apply.guard.training import Training
 from tuner.apply.reach import unreached_model
 from tuner.errors import ConfigError, GuardError
@@ -118,8 +116,7 @@ class PrecisionGuard(keras.callbacks.Callback):
             checks.NonFiniteValidation(), checks.Float32Gap(),
             checks.SilentLayers(self.check_every, _half(check_budget)),
             checks.PrecisionLoss(self.check_every, _half(check_budget)), *detectors)
-        self._reads: HostReads | LedgerReads = HostReads(None)
-        self._ledger: StepLedger | None = None
+        self._reads: step_reads.HostReads | step_reads.LedgerReads = step_reads.HostReads(None)
 
     # -- what the guard reports --------------------------------------------------------------
     @property
@@ -161,16 +158,8 @@ class PrecisionGuard(keras.callbacks.Callback):
         training = self._training
         in_step = under_fit and ledger.usable(model)
         training.begin(model, StateReader() if in_step else None)
-        tracker = readings.loss_tracker(model)
-        self._reads = HostReads(tracker)
-        # fit made its train function before the guard is called: wrapped, and where the step
-        # can write its own row, made again with the row written in it.
-        if under_fit and training.keeper.wrap(model, after=self._after_call) and in_step:
-            self._ledger = StepLedger(model, training.scales, tracker)
-            self._ledger.install()
-            training.retrace()
-            self._reads = LedgerReads(self._ledger, training.snapshot_every,
-                                      training.steps_to_snapshot)
+        self._reads = step_reads.begin(training, readings.loss_tracker(model),
+                                       self._after_call if under_fit else None)
         unreached = unreached_model(model, self.config.policy)
         if unreached:  # nothing to guard: say why, as the tuner's trial does
             self._record(Notice.PRECISION_UNREACHED, unreached, (), "nothing to repair",
@@ -196,7 +185,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         if rows:
             self._take(rows)
 
-    def _take(self, rows: list[StepRow]) -> None:
+    def _take(self, rows: list[ledger.StepRow]) -> None:
         """The rows of the steps run since the last read, each judged as its step: every
         detector asked, a failure repaired, and a snapshot where one is due after a window found
         healthy. The steps after a trip that restored or repaired ran on the state it replaced:
@@ -230,7 +219,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         training = self._training
         figures = {"epoch": epoch, "loss": readings.scalar(logs.get("loss")),
                    "val_loss": readings.scalar(logs.get("val_loss")),
-                   **self._scale_figures()}
+                   **scales.epoch_figures(self._training.scales)}
         if self.float32_check is not None:
             figures.update(readings.evaluate_as_is_and_in_float32(self.model,
                                                                   self.float32_check))
@@ -302,22 +291,9 @@ class PrecisionGuard(keras.callbacks.Callback):
 
     def _close(self) -> None:
         self._training.keeper.unwrap()
-        if self._ledger is not None:
-            self._ledger.uninstall()
-            self._ledger = None
+        self._reads.close()
         mlflow_record.log_to_mlflow(self.history,
                                     [event.to_dict() for event in self.events], self.config)
-
-    # -- reading the training ----------------------------------------------------------------
-    def _scale_figures(self) -> dict[str, Any]:
-        """Each optimizer's loss scale and skipped steps this epoch (``loss_scale``,
-        ``skipped_steps`` for ``model.optimizer``; suffixed by its name for any other)."""
-        figures: dict[str, Any] = {"loss_scale": None, "skipped_steps": 0}
-        for watch in (watch for watch in self._training.scales if watch.applied):
-            suffix = "" if watch.name == "optimizer" else f"_{watch.name}"
-            figures[f"loss_scale{suffix}"] = watch.scale()
-            figures[f"skipped_steps{suffix}"] = watch.skipped_epoch
-        return figures
 
 
 def _half(budget: float | None) -> float | None:

@@ -49,6 +49,19 @@ class LedgerRow:
     scales: tuple[float | None, ...]
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """One step as the guard judges it: its loss (None where the model reports none of its
+    own, as a GAN's ``train_step``), the losses its own step logged by name (where it has no
+    loss), and, where the step wrote them (tuner.apply.guard.ledger), each watched optimizer's
+    applied updates so far and loss scale after it (empty: each watch reads its own)."""
+
+    loss: float | None
+    logged: dict[str, float]
+    iterations: tuple[int, ...] = ()
+    scales: tuple[float | None, ...] = ()
+
+
 class StepLedger:
     """The ring of the last ``CAPACITY`` steps' rows, and the step that writes it."""
 

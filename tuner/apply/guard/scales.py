@@ -145,6 +145,17 @@ class Rescale:
 
 
 
+def epoch_figures(watches: list[ScaleWatch]) -> dict[str, Any]:
+    """Each optimizer's loss scale and skipped steps this epoch (``loss_scale``,
+    ``skipped_steps`` for ``model.optimizer``; suffixed by its name for any other)."""
+    figures: dict[str, Any] = {"loss_scale": None, "skipped_steps": 0}
+    for watch in (watch for watch in watches if watch.applied):
+        suffix = "" if watch.name == "optimizer" else f"_{watch.name}"
+        figures[f"loss_scale{suffix}"] = watch.scale()
+        figures[f"skipped_steps{suffix}"] = watch.skipped_epoch
+    return figures
+
+
 def watches(model: keras.Model, config_floor: float) -> list[ScaleWatch]:
     """A watch for every optimizer the model holds, ``model.optimizer`` first."""
     held = held_optimizers(model)

@@ -14,29 +14,32 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import keras
 
-from tuner.apply.guard.ledger import CAPACITY, LedgerRow, StepLedger
+from tuner.apply.guard.ledger import CAPACITY, LedgerRow, StepLedger, StepRow, usable
+from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import LossSeries
 
 # The share of the training's time the reads of the ledger may take.
 READ_BUDGET = 0.005
 
 
-@dataclass(frozen=True)
-class StepRow:
-    """One step as the guard judges it: its loss (None where the model reports none of its
-    own, as a GAN's ``train_step``), the losses its own step logged by name (where it has no
-    loss), and, where the step wrote them (tuner.apply.guard.ledger), each watched optimizer's
-    applied updates so far and loss scale after it (empty: each watch reads its own)."""
-
-    loss: float | None
-    logged: dict[str, float]
-    iterations: tuple[int, ...] = ()
-    scales: tuple[float | None, ...] = ()
+def begin(training: Training, tracker: Any,
+          after: Callable[[Any, int], None] | None) -> HostReads | LedgerReads:
+    """How the guard will hear of the training's steps. ``after``: under ``fit``, what the train
+    function's wrapper calls after each call (fit made its train function before the guard is
+    called: it is wrapped, and where the step can write its own row, made again with the row
+    written in it); None for a loop that calls the guard itself."""
+    model = training.model
+    assert model is not None   # begun
+    if after is None or not training.keeper.wrap(model, after=after) or not usable(model):
+        return HostReads(tracker)
+    ledger = StepLedger(model, training.scales, tracker)
+    ledger.install()
+    training.retrace()
+    return LedgerReads(ledger, training.snapshot_every, training.steps_to_snapshot)
 
 
 class HostReads:
@@ -71,6 +74,9 @@ class HostReads:
 
     def spent(self, seconds: float) -> None:
         """Nothing to space: a host read after every step."""
+
+    def close(self) -> None:
+        """Nothing to take off the model."""
 
 
 class LedgerReads:
@@ -115,6 +121,10 @@ class LedgerReads:
         next read is due a window on, or where a snapshot is."""
         self._spent += seconds
         self._read_at = max(1, min(self.window, self._until_snapshot() or 1))
+
+    def close(self) -> None:
+        """The model's own step back."""
+        self.ledger.uninstall()
 
     def _read(self, adapt: bool) -> list[StepRow]:
         started = self._clock()

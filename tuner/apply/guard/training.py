@@ -17,9 +17,9 @@ import keras
 
 from tuner.apply.config_data import ConfigData
 from tuner.apply.guard import cause, readings, scales
+from tuner.apply.guard.ledger import StepRow
 from tuner.apply.guard.scales import Rescale, ScaleWatch
 from tuner.apply.guard.state import BatchKeeper, Snapshot, StateReader
-from tuner.apply.guard.step_reads import StepRow
 from tuner.apply.guard.watch import Spacing
 from tuner.apply.layers import layer_paths
 from tuner.apply.loss_scaling import transitions
