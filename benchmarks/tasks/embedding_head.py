@@ -1,6 +1,6 @@
 """A small-step model of another kind than the examples, for ``benchmarks/guard_overhead.py``:
 review tokens through a 20000 x 32 embedding, averaged, to a one-unit head (a step of about a
-millisecond on a 2-core CPU, most of it the embedding's sparse update).
+few milliseconds on a 2-core CPU, most of it the embedding's update).
 
     .venv/bin/python benchmarks/guard_overhead.py --task benchmarks/tasks/embedding_head.py
 """

@@ -6,8 +6,9 @@ not ``fit``, a training under ``tf.distribute``, one run eagerly).
 ``LedgerReads`` spaces its reads by their cost: the window (steps between two reads) is the
 fewest steps whose training time the read takes at most ``READ_BUDGET`` of, measured as the
 training runs, and at most the snapshot interval: a window ends where a snapshot is due, so a
-failure is found before the snapshot it restores from is replaced. At an epoch's end every row
-is read.
+failure is found before the snapshot it restores from is replaced; and at most as many steps as
+the keeper may hold the batches of (``state.WINDOW_BYTES``). At an epoch's end every row is
+read.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def begin(training: Training, tracker: Any,
     ledger = StepLedger(model, training.scales, tracker)
     ledger.install()
     training.retrace()
-    return LedgerReads(ledger, training.snapshot_every, training.steps_to_snapshot)
+    return LedgerReads(ledger, training.snapshot_every, training.steps_to_snapshot,
+                       training.keeper.window_steps)
 
 
 class HostReads:
@@ -84,10 +86,12 @@ class LedgerReads:
 
     def __init__(self, ledger: StepLedger, max_window: int,
                  until_snapshot: Callable[[], int],
+                 batches_held: Callable[[], int | None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.ledger, self.max_window = ledger, max(1, min(max_window, CAPACITY))
         self.window = min(4, self.max_window)
         self._until_snapshot, self._clock = until_snapshot, clock
+        self._batches_held = batches_held   # the most batches a window may keep (their bytes)
         self._pending = 0                 # steps run since the last read
         self._read_at = 1                 # pending steps at which the next read is due
         self._since = clock()             # when the last read ended
@@ -120,7 +124,8 @@ class LedgerReads:
         training's, so not counted as its steps'. Called after the rows read were judged: the
         next read is due a window on, or where a snapshot is."""
         self._spent += seconds
-        self._read_at = max(1, min(self.window, self._until_snapshot() or 1))
+        self._read_at = max(1, min(self.window, self._until_snapshot() or 1,
+                                   self._batches_held() or CAPACITY))
 
     def close(self) -> None:
         """The model's own step back."""
