@@ -17,8 +17,10 @@ API), each checked by the tests named:
 - a model's ``train_step``, ``train_function`` and ``reset_metrics`` are looked up on the
   instance, so an attribute set on one model replaces them for that model alone (the trial's
   in-step metric reset, tuner.worker.trial.steps; a custom loop's step, tuner.apply.own_step;
-  the guard's kept batch, tuner.apply.guard.state): tests/worker/test_trial.py,
-  tests/worker/test_own_step.py, tests/apply/guard/test_guard.py;
+  the guard's kept batch, tuner.apply.guard.state; the guard's row written by the step,
+  tuner.apply.guard.ledger, read by ``make_train_function`` when it is made):
+  tests/worker/test_trial.py, tests/worker/test_own_step.py, tests/apply/guard/test_guard.py,
+  tests/apply/guard/test_step_ledger.py;
 - ``train_function`` is made by ``make_train_function`` from ``train_step`` when ``fit`` first
   needs it, and takes a list of batches as well as an iterator (from 3.7):
   tests/apply/guard/test_guarded_apply_loaded.py;
@@ -48,6 +50,7 @@ KERAS_PRIVATE_NAMES = frozenset({
     "_parent_path", "_flatten_layers", "_compile_loss", "_loss_tracker", "_trainable_variables",
     "_non_trainable_variables", "_losses", "_inbound_nodes", "_tf_apply",
     "_stateful_handle_finite_grads", "_stateful_handle_non_finite_grads", "_get_variable_index",
+    "_distribute_strategy",
 })
 
 
@@ -125,6 +128,12 @@ def compiled_loss(model: keras.Model) -> Any | None:
 def compiled_loss_tracker(model: keras.Model) -> Any | None:
     """Keras's running mean of the loss (``Trainer._loss_tracker``, since 3.0; checked 3.10)."""
     return getattr(model, "_loss_tracker", None)
+
+
+def own_distribution_strategy(model: keras.Model) -> Any | None:
+    """The ``tf.distribute`` strategy the model was made under (``Trainer._distribute_strategy``,
+    TensorFlow backend, since 3.0; checked 3.10), ``None`` where it was made under none."""
+    return getattr(model, "_distribute_strategy", None)
 
 
 # --- Optimizers -------------------------------------------------------------------------------

@@ -128,3 +128,21 @@ def test_a_nan_batch_inside_a_window_is_found_at_its_own_step_on_its_own_batch(j
 def test_the_guard_has_no_per_batch_hook():
     assert PrecisionGuard.on_train_batch_end is keras.callbacks.Callback.on_train_batch_end
     assert PrecisionGuard.on_batch_end is keras.callbacks.Callback.on_batch_end
+
+
+def test_several_steps_an_execution_each_write_their_row_and_are_judged_in_order():
+    """``steps_per_execution=4``: one call of the train function runs four steps; the guard
+    still judges each at its own step, with its own loss (the same as one step a call)."""
+    config = PrecisionConfig(policy="mixed_bfloat16")
+    seen = {}
+    for per_call in (1, 4):
+        model = _model(config, jit_compile=False)
+        model.compile(optimizer=config.wrap_optimizer(keras.optimizers.Adam(1e-2)),
+                      loss="mse", steps_per_execution=per_call, **config.compile_kwargs())
+        ledger = LedgerRead()
+        guard = config.guard(verbose=0, check_every=None, detectors=[ledger])
+        model.fit(*_data(), batch_size=64, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[guard])
+        seen[per_call] = [loss for loss, _, _ in ledger.rows]
+    assert len(seen[4]) == len(seen[1]) == STEPS
+    assert seen[4] == pytest.approx(seen[1], rel=1e-5)

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import keras
 
 from tuner.apply.guard.scales import ScaleWatch
+from tuner.apply.keras_internals import own_distribution_strategy
 
 # Rows the ring holds: the most steps the guard lets pass between two reads.
 CAPACITY = 64
@@ -174,8 +175,8 @@ def usable(model: keras.Model) -> bool:
     save a read in)."""
     import tensorflow as tf
 
-    strategy = getattr(model, "_distribute_strategy", None)
-    return strategy is None and not tf.distribute.has_strategy() and not model.run_eagerly
+    return own_distribution_strategy(model) is None and not tf.distribute.has_strategy() \
+        and not model.run_eagerly
 
 
 def _finite_or_none(value: Any) -> float | None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import keras
 
+from tuner.apply.guard import readings
 from tuner.apply.guard.ledger import CAPACITY, LedgerRow, StepLedger, StepRow, usable
 from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import LossSeries
@@ -57,10 +58,10 @@ class HostReads:
         if self._tracker is not None:
             total = float(keras.ops.convert_to_numpy(self._tracker.total))
             count = float(keras.ops.convert_to_numpy(self._tracker.count))
-        logged = _scalar(logs.get("loss"))
+        logged = readings.scalar(logs.get("loss"))
         loss = self._losses.step_loss(total, count, logged)
         own = {} if loss is not None else {
-            name: value for name, value in ((name, _scalar(value)) for name, value in
+            name: value for name, value in ((name, readings.scalar(value)) for name, value in
                                             logs.items() if str(name).endswith("loss"))
             if value is not None}
         return [StepRow(loss, own)]
@@ -145,12 +146,3 @@ class LedgerReads:
     def _judged(self, row: LedgerRow) -> StepRow:
         loss = self._losses.step_loss(row.total, row.count, row.logged)
         return StepRow(loss, row.own if loss is None else {}, row.iterations, row.scales)
-
-
-def _scalar(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(keras.ops.convert_to_numpy(value))
-    except (TypeError, ValueError):
-        return None
