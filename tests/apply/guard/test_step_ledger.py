@@ -146,3 +146,17 @@ def test_several_steps_an_execution_each_write_their_row_and_are_judged_in_order
         seen[per_call] = [loss for loss, _, _ in ledger.rows]
     assert len(seen[4]) == len(seen[1]) == STEPS
     assert seen[4] == pytest.approx(seen[1], rel=1e-5)
+
+
+def test_where_the_step_writes_no_row_each_call_is_read_and_counts_all_its_steps():
+    """Run eagerly (nothing compiled to write a row in) with two steps a call: the guard reads
+    the host after each call and counts both steps (its step numbers are ``fit``'s)."""
+    config = PrecisionConfig(policy="mixed_bfloat16")
+    model = _model(config, jit_compile=False)
+    model.compile(optimizer=config.wrap_optimizer(keras.optimizers.Adam(1e-2)), loss="mse",
+                  steps_per_execution=2, run_eagerly=True, **config.compile_kwargs())
+    ledger = LedgerRead()
+    guard = config.guard(verbose=0, check_every=None, detectors=[ledger])
+    model.fit(*_data(), batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[guard])
+    assert guard._training.step == STEPS and len(ledger.rows) == STEPS // 2
+    assert all(math.isfinite(loss) for loss, _, _ in ledger.rows)

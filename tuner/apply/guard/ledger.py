@@ -55,12 +55,15 @@ class StepRow:
     """One step as the guard judges it: its loss (None where the model reports none of its
     own, as a GAN's ``train_step``), the losses its own step logged by name (where it has no
     loss), and, where the step wrote them (tuner.apply.guard.ledger), each watched optimizer's
-    applied updates so far and loss scale after it (empty: each watch reads its own)."""
+    applied updates so far and loss scale after it (empty: each watch reads its own).
+    ``steps``: the steps it stands for (a host read after a call of several steps reads the
+    last one's loss: ``steps_per_execution``)."""
 
     loss: float | None
     logged: dict[str, float]
     iterations: tuple[int, ...] = ()
     scales: tuple[float | None, ...] = ()
+    steps: int = 1
 
 
 class StepLedger:

@@ -64,7 +64,7 @@ class HostReads:
             name: value for name, value in ((name, readings.scalar(value)) for name, value in
                                             logs.items() if str(name).endswith("loss"))
             if value is not None}
-        return [StepRow(loss, own)]
+        return [StepRow(loss, own, steps=steps)]
 
     def drain(self) -> list[StepRow]:
         return []

@@ -76,14 +76,14 @@ class Training:
 
     # -- snapshots ---------------------------------------------------------------------------
     def stepped(self, row: StepRow) -> None:
-        """One more step, as its row read it: where the training and its weights are, and what
+        """The row's steps, as it read them: where the training and its weights are, and what
         each optimizer's loss scale did (read by each watch itself where the row has not)."""
-        self.step, self.position = self.step + 1, self.position + 1
+        self.step, self.position = self.step + row.steps, self.position + row.steps
         for index, watch in enumerate(self.scales):
             if index < len(row.iterations):
-                watch.stepped(1, row.iterations[index], row.scales[index])
+                watch.stepped(row.steps, row.iterations[index], row.scales[index])
             else:
-                watch.stepped(1)
+                watch.stepped(row.steps)
 
     def take_snapshot(self) -> None:
         started = time.perf_counter()
