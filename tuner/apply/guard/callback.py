@@ -55,7 +55,6 @@ from tuner.apply.guard.detectors import Detector, Finding, StepReading, findings
 from tuner.apply.guard.events import GuardEvent
 from tuner.apply.guard.failures import Failure, Notice
 from tuner.apply.guard.ladder import End, Ladder, Rung
-from tuner.apply.guard.state import StateReader
 from tuner.apply.guard.training import Training
 from tuner.apply.reach import unreached_model
 from tuner.errors import ConfigError, GuardError
@@ -156,8 +155,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         if untuned_because:  # a training the config was never tuned for: refused, one line
             raise ConfigError(f"the guard refuses to watch this training: {untuned_because}")
         training = self._training
-        in_step = under_fit and ledger.usable(model)
-        training.begin(model, StateReader() if in_step else None)
+        training.begin(model)
         self._reads = step_reads.begin(training, readings.loss_tracker(model),
                                        self._after_call if under_fit else None)
         unreached = unreached_model(model, self.config.policy)

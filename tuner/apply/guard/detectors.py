@@ -137,7 +137,7 @@ class LossScales(Detector):
         if watch.skipped_run >= self.max_skipped:
             return Finding(Failure.SKIPPED_UPDATES,
                            f"{watch.skipped_run} updates skipped in a row")
-        if watch.scaled and not watch.dynamic and watch.skipped_run \
+        if not watch.dynamic and watch.skipped_run \
                 and watch.name not in self._probed and training.batch() is not None:
             self._probed.add(watch.name)
             below = watch.known_scale() / 2.0**cause.FLOOR_HEADROOM

@@ -21,6 +21,7 @@ import keras
 
 from tuner.apply.guard import readings
 from tuner.apply.guard.ledger import CAPACITY, LedgerRow, StepLedger, StepRow, usable
+from tuner.apply.guard.state import StateReader
 from tuner.apply.guard.training import Training
 from tuner.apply.guard.watch import LossSeries
 
@@ -38,6 +39,7 @@ def begin(training: Training, tracker: Any,
     assert model is not None   # begun
     if after is None or not training.keeper.wrap(model, after=after) or not usable(model):
         return HostReads(tracker)
+    training.reader = StateReader()   # one device: the state read in one call
     ledger = StepLedger(model, training.scales, tracker)
     ledger.install()
     training.retrace()

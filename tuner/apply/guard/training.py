@@ -57,8 +57,8 @@ class Training:
         self.epoch = 0
         self.settled = False   # after the last resort: a float32 training, not watched
 
-    def begin(self, model: keras.Model, reader: StateReader | None = None) -> None:
-        self.model, self.reader = model, reader
+    def begin(self, model: keras.Model) -> None:
+        self.model = model
         readings.build_optimizer(model)   # so that the first snapshot holds its state
         self.scales = scales.watches(model, self.config.loss_scale.floor)
         self.traceable = readings.traceable(model)
