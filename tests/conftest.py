@@ -65,6 +65,7 @@ TIER_OF_PATH = {
     "tests/service/": "system",
     "tests/service/test_job_server.py": "unit",
     "tests/service/test_job_book.py": "unit",
+    "tests/service/test_job_status.py": "unit",
     "tests/suites/faults/": "system",
     "tests/suites/quality/": "slow",
     "tests/suites/zoo/": "slow",      # every model kind trained: minutes together

@@ -85,10 +85,15 @@ def failure_reason(service: Service, info) -> str | None:
 
 def status(args) -> int:
     service = Service(args)
-    info = service.job(args.job)
+    service.job(args.job)
+    # The job's state and the queue it stands in come from one listing: read apart, a job that
+    # starts between the two reads would be neither queued nor running.
+    jobs = service.tuning_jobs()
+    info = next((job for job in jobs if job.submission_id == args.job), None) \
+        or service.job(args.job)
     meta = info.metadata
     if info.status.value == "PENDING":
-        print("\n".join(_queued_lines(service, info)))
+        print("\n".join(_queued_lines(service, info, jobs)))
         return 0
     progress = service.progress(args.job)
     lines = [f"job {info.submission_id}: {info.status.value}",
@@ -111,14 +116,14 @@ def status(args) -> int:
     return 0
 
 
-def _queued_lines(service: Service, info) -> list[str]:
-    """A waiting job: its place in the queue and what it waits for."""
+def _queued_lines(service: Service, info, jobs: list) -> list[str]:
+    """A waiting job (``info``, PENDING in ``jobs``, the listing it was read from): its place
+    in the queue and what it waits for."""
     meta = info.metadata
-    jobs = service.tuning_jobs()
     queue = [job.submission_id for job in service.queue(jobs)]
     head = [f"  task: {meta.get('task')}  submitted by: {meta.get('submitted_by')}  "
             f"flags: {meta.get('flags')}", f"  submitted: {_when(info.start_time)}"]
-    if info.submission_id not in queue:
+    if info.submission_id not in queue:    # PENDING in this listing, so a stop was asked for
         return [f"job {info.submission_id}: STOPPED while it waited (it leaves Ray's queue "
                 "when its turn comes, without starting)", *head]
     running = [job.submission_id for job in jobs if job.status.value == "RUNNING"]
