@@ -41,7 +41,11 @@ EXPECTED_FAILURES = {
 # at a training loss of 0.00762 against float32's 0.002 (3.8x; noise +-0.0049), both models
 # near zero loss, where bfloat16's rounding shows. Rejecting that is the verdict doing its job,
 # so the test asks for a quality verdict against float32 with its reason, not for a side.
-EITHER_SIDE_OF_QUALITY = {"guide_train_step"}
+# transformer's trial is sized to 238-347 steps by the machine's speed, 20-29 passes over its 384
+# samples: it overfits (training loss 0.003), and its validation loss grows with the steps and
+# differs by precision. Measured on one machine: float32 1.63, 2.59 and (in CI) 1.27; bfloat16
+# 2.07, 2.68 and 1.88 (1.5x: rejected on validation, rightly for what it measured).
+EITHER_SIDE_OF_QUALITY = {"guide_train_step", "transformer"}
 QUALITY_REASONS = ("validation loss ", "ended at a training loss ")
 
 
