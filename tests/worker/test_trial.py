@@ -298,10 +298,33 @@ def test_only_a_step_made_without_the_reset_is_reset_eagerly(task_path):
     assert eager == {"traced": 3, "fresh": 0}
 
 
-def test_divergence_is_located_by_replaying_the_same_steps(task_path):
+@pytest.fixture
+def replays(monkeypatch):
+    """Which way each divergence was replayed: "own" (the trial's model, from its starting
+    state) or "built" (a model built again, its step traced again)."""
+    from tuner.worker.trial import replay
+
+    ways: list[str] = []
+    own_replays, build_again = replay._replays, replay.compile_for_trial
+
+    def on_own(*args):
+        ways.append("own")
+        return own_replays(*args)
+
+    def built(*args):
+        ways.append("built")
+        return build_again(*args)
+
+    monkeypatch.setattr(replay, "_replays", on_own)
+    monkeypatch.setattr(replay, "compile_for_trial", built)
+    return ways
+
+
+def test_divergence_is_located_by_replaying_the_same_steps(task_path, replays):
     result = trial(task_path("overflow"), PrecisionConfig("mixed_float16"), steps=6)
     assert result.outcome is TrialOutcome.DIVERGED and result.first_non_finite_step is not None
     assert result.failure_layer == "amplify"
+    assert replays == ["own"], result.first_non_finite_step
 
 
 def test_probe_reports_what_each_group_and_pattern_selects(task_path):
@@ -336,3 +359,30 @@ def test_training_memory_is_counted_from_the_models_tensors(task_path):
     assert total(bf16["activations"]) * 2 == total(f32["activations"]) > 0
     assert f32["total_bytes"] == sum(total(f32[k]) for k in
                                      ("weights", "gradients", "optimizer", "activations"))
+
+
+@pytest.mark.parametrize("keep_bytes, ways", [(None, ["own"]), (0, ["built"])])
+def test_a_later_divergence_is_replayed_on_the_trials_own_traced_model(
+        task_path, replays, monkeypatch, keep_bytes, ways):
+    # The overflow comes at the fourth step, after the layer's own state and Dropout's seed
+    # have moved: the replay must start from where the trial started, not where it ended.
+    from tuner.worker.trial import replay
+
+    if keep_bytes is not None:      # a model too large to keep a copy of: built again
+        monkeypatch.setattr(replay, "KEEP_BYTES", keep_bytes)
+    result = trial(task_path("late_overflow"), PrecisionConfig("mixed_float16"), steps=8)
+    assert result.outcome is TrialOutcome.DIVERGED, result.losses
+    assert result.first_non_finite_step >= 3, result.losses
+    assert result.failure_layer == "grow"
+    assert replays == ways
+
+
+def test_a_replay_that_does_not_train_to_the_trials_losses_is_built_again(
+        task_path, replays, monkeypatch):
+    # An unseeded TensorFlow op in the step draws on from where the trial left it: the own
+    # replay's losses differ, so the model is built again from the seed (which draws the same).
+    monkeypatch.setenv("LATE_OVERFLOW_NOISE", "1")
+    result = trial(task_path("late_overflow"), PrecisionConfig("mixed_float16"), steps=8)
+    assert result.outcome is TrialOutcome.DIVERGED and result.first_non_finite_step >= 3
+    assert replays == ["own", "built"]
+    assert result.failure_layer == "grow"

@@ -164,7 +164,7 @@ def watch_step(model, batch: tuple, *, restore: bool = False) -> Any:
     before is put back afterwards: the step is watched, not trained."""
     from tuner.apply.instruments import HostCopy
 
-    state = _state(model) if restore else []
+    state = state_variables(model) if restore else []
     saved = HostCopy(state)
     try:
         return model.train_step(fit_input(batch))
@@ -172,7 +172,9 @@ def watch_step(model, batch: tuple, *, restore: bool = False) -> Any:
         saved.put_back(state)
 
 
-def _state(model) -> list:
+def state_variables(model) -> list:
+    """The model's variables and those of every optimizer it holds that exist by now (a
+    LossScaleOptimizer's inner optimizer's too), each once."""
     from tuner.apply.loss_scaling import held_optimizers, optimizer_variables
 
     seen: dict[int, Any] = {id(v): v for v in model.variables}

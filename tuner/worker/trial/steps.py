@@ -17,8 +17,9 @@ from tuner.judging.sizing import Sizing
 from tuner.trial_types import TrialResult, TrialSpec
 
 
-def fit_steps(model, batches, steps: int, callbacks=()) -> None:
-    """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled).
+def fit_steps(model, batches, steps: int, callbacks=(), start: int = 0) -> None:
+    """Train up to ``steps`` steps with ``model.fit`` itself, on ``batches`` in order (cycled),
+    from batch ``start``.
 
     ``fit`` hands ``train_step`` each batch in the structure the task's data has (``(x, y)``
     or ``(x, y, sample_weight)``) and runs its compiled train function per step, in one epoch
@@ -27,7 +28,7 @@ def fit_steps(model, batches, steps: int, callbacks=()) -> None:
     """
     if steps > 0:
         reset_metrics_in_step(model)
-        model.fit(batch_dataset(batches, steps), epochs=1, steps_per_epoch=steps,
+        model.fit(batch_dataset(batches, steps, start), epochs=1, steps_per_epoch=steps,
                   shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
@@ -81,7 +82,7 @@ def forget_stacked() -> int:
     return count
 
 
-def batch_dataset(batches, steps: int):
+def batch_dataset(batches, steps: int, start: int = 0):
     import tensorflow as tf
 
     # tf.data reads a Python list as one tensor; a list of model inputs is a tuple to it.
@@ -104,7 +105,8 @@ def batch_dataset(batches, steps: int):
     # thread held ``fit`` 0.2-0.55 s past the last step of one run in two, as it shut down.
     options = tf.data.Options()
     options.autotune.enabled = False
-    return tf.data.Dataset.from_tensor_slices(kept[1]).repeat().take(steps).with_options(options)
+    return tf.data.Dataset.from_tensor_slices(kept[1]).repeat().skip(start).take(steps) \
+        .with_options(options)
 
 
 def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool = True):

@@ -25,6 +25,7 @@ from tuner.worker.task.task_model import (
 from tuner.worker.trial.error_reading import classify_on
 from tuner.worker.trial.live_models import keep
 from tuner.worker.trial.memory import MemoryMeter, training_memory
+from tuner.worker.trial.replay import StartingState, locate_divergence
 from tuner.worker.trial.steps import fit_steps, step_recorder
 from tuner.worker.trial.validation import validate
 
@@ -65,7 +66,8 @@ def train_trial(spec: TrialSpec) -> TrialResult:
             result.batch_size = batch_size_of(batches[0][0])
             stage = "train"
             result.setup_s = time.perf_counter() - started
-            _train(model, optimizers, batches, spec, result)
+            starting = StartingState()
+            _train(model, optimizers, batches, spec, result, starting)
             if spec.validate and result.outcome is TrialOutcome.COMPLETED:
                 result.validation = validate(task, model, spec.batch_pool or spec.steps)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
@@ -76,8 +78,10 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             keep(spec, model, optimizers, batches, task, trained=len(result.losses))
         if result.first_non_finite_step is not None:
-            result.failure_layer = _locate_divergence(task, config, batches, spec.seed,
-                                                      result.first_non_finite_step)
+            own = not (spec.keep_live and result.outcome is TrialOutcome.COMPLETED)
+            result.failure_layer = locate_divergence(
+                task, config, batches, spec.seed, result.first_non_finite_step,
+                model=model if own else None, starting=starting, losses=result.losses)
     except TaskError as exc:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
@@ -156,45 +160,9 @@ def _input_rounding(task, model, first_batch,
     return first_rounding(lambda: one_pass(model, first_batch, training=False), checks)
 
 
-def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult) -> None:
+def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult,
+           starting: StartingState) -> None:
+    """Train the trial's steps, each recorded; ``starting`` takes the state the model starts in,
+    for a replay to where it diverged (tuner.worker.trial.replay)."""
     steps = spec.steps if spec.sizing is None else spec.sizing["max_steps"]
-    fit_steps(model, batches, steps, [step_recorder(optimizers, spec, result)])
-
-
-_MAX_REPLAY_STEPS = 50
-
-
-def _locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: int) -> str | None:
-    """Name the first layer whose output was non-finite at the step where the loss was.
-
-    The diverged model's weights are already damaged by that step's update, so the trial is
-    replayed (same seed, same batches, the same ``fit`` steps: deterministic) up to just before
-    that step, and the forward pass of that step is run with every layer's output checked.
-    """
-    if step > _MAX_REPLAY_STEPS:
-        return None
-    reset_keras_state(seed)
-    with config.scope():
-        model = task.build_model()
-        compile_for_trial(model, task, config)
-        fit_steps(model, batches, step)
-        return first_non_finite_layer(model, batches[step % len(batches)])
-
-
-def first_non_finite_layer(model, batch) -> str | None:
-    """Run the forward pass on ``batch`` eagerly (a training step, for a model without one:
-    tuner.worker.task.task_model.one_pass) and name the first layer whose output is not finite."""
-    from tuner.apply.instruments import first_non_finite, layer_outputs
-    from tuner.apply.layers import hook_layer_calls
-
-    captured: list = []
-
-    def capture(layer, output) -> None:
-        captured.extend(layer_outputs(layer, output))
-
-    with hook_layer_calls(after=capture):
-        try:
-            one_pass(model, batch, training=True)
-        except Exception:  # noqa: BLE001 - naming the layer is a courtesy; never fail on it
-            pass
-    return first_non_finite(captured)
+    fit_steps(model, batches, steps, [starting.callback(), step_recorder(optimizers, spec, result)])
