@@ -150,12 +150,12 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
     suite run did: ``module 'optuna.pruners' has no attribute '_filter_study'``)."""
     console.print("starting the TensorFlow worker and checking the task...")
     # The records' libraries take a second or more to import (MLflow, then Optuna's SQLite
-    # storage, matplotlib for the plots); meanwhile the driver only waits on the worker.
-    # Joined before anything else runs here, for the same reason.
-    thread = threading.Thread(target=_import_quietly, args=RECORD_MODULES, daemon=True) \
-        if importing else None
-    if thread is not None:
-        thread.start()
+    # storage, matplotlib for the plots), and the plots' first drawing most of another;
+    # meanwhile the driver only waits on the worker. Joined before anything else runs here,
+    # for the same reason.
+    thread = threading.Thread(target=_import_quietly, args=RECORD_MODULES if importing else (),
+                              daemon=True)
+    thread.start()
     try:
         # One call: the task is loaded and the model built once for the check and the
         # diagnostics.
@@ -163,8 +163,7 @@ def _fit_to_model(executor, plan, console, clock, started: float, importing: boo
             str(plan.task_path), plan.learned.batch_pool or plan.steps, plan.space.float32_layers,
             ceiling=True, diagnose_steps=3))
     finally:
-        if thread is not None:
-            thread.join()
+        thread.join()
     parts = {"task check": facts.probe_s, "ceiling probe": facts.ceiling_s,
              "diagnostics": facts.diagnostics_s}
     clock.add("start-up", time.perf_counter() - started - sum(parts.values()))
@@ -184,11 +183,18 @@ RECORD_MODULES = ("mlflow", "optuna.storages._rdb.storage", "alembic.migration",
 
 
 def _import_quietly(*modules: str) -> None:
+    """Import ``modules``, then draw the plots' warm-up figure."""
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
             pass
+    try:
+        from tuner.records.plots import warm_up
+
+        warm_up()
+    except Exception:  # noqa: BLE001 - the plots draw without it, a little later
+        pass
 
 
 def _check_out(out: Path) -> None:

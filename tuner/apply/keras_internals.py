@@ -152,8 +152,13 @@ def applied_updates(optimizer: Any) -> int:
     ``iterations`` count them. From Keras 3.9 the wrapper's own ``iterations`` is the inner
     one's (before 3.9 it was a variable of its own that never moved); the inner optimizer's count
     is read, which no wrapper can get wrong."""
-    counter = getattr(optimizer, "inner_optimizer", optimizer).iterations
-    return int(keras.ops.convert_to_numpy(counter))
+    return int(keras.ops.convert_to_numpy(updates_counter(optimizer)))
+
+
+def updates_counter(optimizer: Any) -> Any:
+    """The variable counting ``optimizer``'s applied updates (``applied_updates`` says which),
+    for a compiled step to read."""
+    return getattr(optimizer, "inner_optimizer", optimizer).iterations
 
 
 # The optimizer method that maps a variable to its slot index

@@ -200,6 +200,19 @@ def optimizer_variables(optimizer) -> list:
             if owner is not None for variable in getattr(owner, "variables", [])]
 
 
+def scale_tensor(optimizer) -> Any:
+    """The loss scale the optimizer applies after a step, as a tensor for a compiled step to
+    read (NaN: none)."""
+    import tensorflow as tf
+
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if not optimizer.built:   # never applied by this step (compile's, beside a GAN's own)
+            return tf.constant(float(optimizer.initial_scale), tf.float32)
+        return optimizer.dynamic_scale.value
+    factor = getattr(optimizer, "loss_scale_factor", None)
+    return tf.constant(float("nan") if factor is None else float(factor), tf.float32)
+
+
 def current_loss_scale(optimizer) -> float | None:
     """The loss scale the optimizer applies right now (``None`` when there is none)."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

@@ -199,6 +199,19 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
+def warm_up() -> None:
+    """Draw a small figure with what the plots use (a log axis's exponent labels, a title, a
+    legend, the tight layout, a PNG): matplotlib's import, its fonts and its mathtext parser
+    cost 0.6 s the first time in a process, paid at the end of every tune unless a thread
+    meanwhile pays it where the driver only waits (tuner.api.job, while the worker starts)."""
+    import io
+
+    figure, axes = _figure((2, 2))
+    axes.plot([1, 2], [1, 1024], label="warm")
+    axes.set_yscale("log", base=2)
+    _finish(figure, axes, io.BytesIO(), "x", "y", "warm-up")   # type: ignore[arg-type]
+
+
 def make_all(summary: "TuneSummary", diagnostics: dict[str, Any] | None,
              folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import keras
 
 from tuner.apply.guard.scales import ScaleWatch
 from tuner.apply.keras_internals import own_distribution_strategy
+from tuner.apply.loss_scaling import scale_tensor
 
 # Rows the ring holds: the most steps the guard lets pass between two reads.
 CAPACITY = 64
@@ -127,7 +128,7 @@ class StepLedger:
         row += [as64(value) for value in self._own_losses(logs)]
         for watch in self.watches:
             optimizer = getattr(watch.optimizer, "inner_optimizer", watch.optimizer)
-            row += [as64(optimizer.iterations.value), as64(_scale_now(watch.optimizer))]
+            row += [as64(optimizer.iterations.value), as64(scale_tensor(watch.optimizer))]
         # A scatter at an index computed in the step (XLA would compile a slice's begin in, as
         # a constant: a compilation a step).
         at = tf.reshape(tf.math.floormod(self._written.read_value(), CAPACITY), [1, 1])
@@ -191,15 +192,3 @@ def _scalar(value: Any) -> bool:
     dtype = getattr(value, "dtype", None)
     return shape is not None and len(shape) == 0 and dtype is not None \
         and "float" in str(dtype)
-
-
-def _scale_now(optimizer: Any):
-    """The loss scale the optimizer applies after the step, as a tensor (NaN: none)."""
-    import tensorflow as tf
-
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        if not optimizer.built:   # never applied by this step (compile's, beside a GAN's own)
-            return tf.constant(float(optimizer.initial_scale), tf.float32)
-        return optimizer.dynamic_scale.value
-    factor = getattr(optimizer, "loss_scale_factor", None)
-    return tf.constant(float("nan") if factor is None else float(factor), tf.float32)
