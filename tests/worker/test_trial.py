@@ -386,3 +386,20 @@ def test_a_replay_that_does_not_train_to_the_trials_losses_is_built_again(
     assert result.outcome is TrialOutcome.DIVERGED and result.first_non_finite_step >= 3
     assert replays == ["own", "built"]
     assert result.failure_layer == "grow"
+
+
+def test_skips_and_scales_read_from_the_steps_logs_are_those_read_from_the_optimizer(
+        task_path, monkeypatch):
+    # A head near 290 under mixed_float16: its gradients times 2^15 overflow, so the dynamic
+    # scale skips a step and halves. The compiled step logs each LossScaleOptimizer's
+    # updates and scale (no variable read a step); read from the optimizer instead, every
+    # step's scale and every skip are the same.
+    from tuner.worker.trial import steps
+
+    config = PrecisionConfig("mixed_float16", LossScale("dynamic"))
+    logged = trial(task_path("kelvin_head"), config, steps=16)
+    monkeypatch.setattr(steps, "_reported", lambda model, optimizer: None)
+    read = trial(task_path("kelvin_head"), config, steps=16)
+    assert logged.skipped and min(logged.loss_scales) < 2.0**15, logged.loss_scales
+    assert (logged.skipped, logged.loss_scales, logged.losses) == \
+        (read.skipped, read.loss_scales, read.losses)
