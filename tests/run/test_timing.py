@@ -37,6 +37,16 @@ def test_phases_and_worker_parts_add_up():
     assert again.describe(20.0) == line
 
 
+def test_validations_first_batch_that_traces_the_test_step_counts_as_tracing():
+    clock = TimeBreakdown()
+    validated = _result(1.0, 2.0, 3.0, 7.0)
+    validated.validation = {"loss": 0.5, "seconds": 0.75, "trace_seconds": 0.5}
+    clock.workers["trials"].add(validated)
+    worker = clock.workers["trials"]
+    assert (worker.trace_s, worker.validate_s) == (2.5, 0.25)
+    assert worker.other_s == pytest.approx(0.25)
+
+
 def test_a_phase_is_timed_even_when_it_raises():
     clock = TimeBreakdown()
     with pytest.raises(RuntimeError), clock.phase("diagnostics"):

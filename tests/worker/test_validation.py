@@ -119,6 +119,9 @@ def train_data():
     assert len(result["batch_losses"]) == len(held) and result["metrics"].keys() == {"mae"}
     assert result["loss"] == pytest.approx(np.mean(result["batch_losses"]))
     assert len(set(result["batch_losses"])) > 1               # each batch's own loss
+    # The first evaluate traces the test step in its first batch; a second one does not.
+    assert 0 < result["trace_seconds"] < result["seconds"]
+    assert evaluate(model, held, source)["trace_seconds"] == 0.0
 
 
 def test_a_test_step_that_never_computes_the_loss_is_named_not_trusted(tmp_path):

@@ -82,9 +82,11 @@ class WorkerTime:
     runs: int = 0
     traces: int = 0           # runs that traced the training step (built a model)
     build_s: float = 0.0      # task, data, model build and compile, until the first step
-    trace_s: float = 0.0      # the first step: tracing (and compiling) the training step
+    trace_s: float = 0.0      # the first step: tracing (and compiling) the training step; and
+    #                           validation's first batch where it traces the test step
     train_s: float = 0.0      # the training steps after it
-    validate_s: float = 0.0   # evaluating on the validation batches (tuner.worker.trial.validation)
+    validate_s: float = 0.0   # evaluating on the validation batches after the first
+    #                           (tuner.worker.trial.validation)
     other_s: float = 0.0      # the rest of the run's wall time in the worker
     record_s: float = 0.0     # the driver recording the runs (MLflow, trials.jsonl)
 
@@ -92,12 +94,15 @@ class WorkerTime:
         self.runs += 1
         self.traces += result.trace_s > 0
         self.build_s += result.setup_s
-        self.trace_s += result.trace_s
+        # Validation's first batch traces the test step (tuner.worker.trial.validation).
+        validation = result.validation or {}
+        validate_trace_s = validation.get("trace_seconds", 0.0)
+        validate_s = validation.get("seconds", 0.0) - validate_trace_s
+        self.trace_s += result.trace_s + validate_trace_s
         self.train_s += result.train_s
-        validate_s = (result.validation or {}).get("seconds", 0.0)
         self.validate_s += validate_s
         self.other_s += max(0.0, result.wall_s - result.setup_s - result.trace_s - result.train_s
-                            - validate_s)
+                            - validate_trace_s - validate_s)
 
     def describe(self) -> str:
         parts = [("build", self.build_s), ("trace", self.trace_s), ("train", self.train_s),

@@ -23,17 +23,13 @@ import os
 import time
 from pathlib import Path
 
-from tuner.machine import cpu_model
+from tuner.machine import cache_dir, cpu_model
 
 MAX_AGE_S = 7 * 24 * 3600.0
 
 
 def cache_path() -> Path:
-    explicit = os.environ.get("PRECISION_TUNER_CACHE_DIR")
-    if explicit:
-        return Path(explicit) / "ceiling.json"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "precision-tuner" / "ceiling.json"
+    return cache_dir() / "ceiling.json"
 
 
 def machine_key(device: str) -> str:

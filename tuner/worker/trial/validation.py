@@ -73,13 +73,19 @@ def evaluate(model, batches: list, source: str) -> dict[str, Any]:
         return {"error": "no validation data: the training data is too small to hold back "
                          "a slice (define val_data() in the task file)", "source": "none"}
     per_batch: list[dict[str, float]] = []
+    # The first batch traces (and may compile) the model's test step where evaluate has not
+    # made its function before: tracing, as the first training step is, not validation.
+    first_batch = {"traces": getattr(model, "test_function", None) is None, "seconds": 0.0}
 
     class PerBatch(keras.callbacks.Callback):
         def on_test_batch_begin(self, batch, logs=None):
             self.model.reset_metrics()
+            self.started = time.perf_counter()
 
         def on_test_batch_end(self, batch, logs=None):
             per_batch.append(_scalars(logs or {}))
+            if batch == 0 and first_batch["traces"]:
+                first_batch["seconds"] = time.perf_counter() - self.started
 
     started = time.perf_counter()
     try:
@@ -107,7 +113,7 @@ def evaluate(model, batches: list, source: str) -> dict[str, Any]:
     size = int(leaves[0].shape[0]) if leaves and leaves[0].shape.rank else 1
     return {"loss": statistics.fmean(losses) if losses else math.nan, "batch_losses": losses,
             "metrics": metrics, "batches": len(batches), "samples": size * len(batches),
-            "source": source, "seconds": seconds}
+            "source": source, "seconds": seconds, "trace_seconds": first_batch["seconds"]}
 
 
 def _scalars(logs: dict) -> dict[str, float]:
