@@ -29,6 +29,7 @@ from tuner.execution.choice import ExecutorChoice, choose
 from tuner.execution.local import LocalProcessExecutor
 from tuner.execution.ray_pool import RayExecutor
 from tuner.records.mlflow_stores import StagedStores, redact_uri
+from tuner.records.plots import warm_up
 from tuner.records.report import print_summary
 from tuner.records.run_store import RunStore
 from tuner.records.timing import TimeBreakdown
@@ -190,8 +191,6 @@ def _import_quietly(*modules: str) -> None:
         except Exception:  # noqa: BLE001 - the records import it again and say what is wrong
             pass
     try:
-        from tuner.records.plots import warm_up
-
         warm_up()
     except Exception:  # noqa: BLE001 - the plots draw without it, a little later
         pass

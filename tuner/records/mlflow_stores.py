@@ -8,6 +8,7 @@ import logging
 import urllib.parse
 from pathlib import Path
 
+from tuner.machine import cache_dir
 from tuner.records.mlflow_text import SUMMARY_TABLE
 
 
@@ -65,8 +66,6 @@ class StagedStores:
         or made by ``open_store`` and then kept as the template."""
         import os
         import shutil
-
-        from tuner.machine import cache_dir
 
         target, template = self.folder / name, cache_dir() / "stores" / template_name
         try:

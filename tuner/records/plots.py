@@ -246,7 +246,8 @@ def warm_up() -> None:
     axes.plot([1, 2], [1, 1024], label="warm")
     axes.set_yscale("log", base=2)
     axes.yaxis.set_major_formatter(_powers_of_two())
-    _finish(figure, axes, io.BytesIO(), "x", "y", "warm-up")   # type: ignore[arg-type]
+    in_memory: Any = io.BytesIO()     # savefig writes to a file object as well as to a path
+    _finish(figure, axes, in_memory, "x", "y", "warm-up")
 
 
 def make_all(summary: "TuneSummary", diagnostics: dict[str, Any] | None,

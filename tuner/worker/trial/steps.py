@@ -159,31 +159,13 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
     """
     import keras
 
-    from tuner.apply.keras_internals import applied_updates
-    from tuner.apply.loss_scaling import current_loss_scale
-
     sizing = Sizing.from_dict(spec.sizing) if spec.sizing else None
-    scaled = keras.optimizers.LossScaleOptimizer
     watched = list(optimizers)
-    apart = len(watched) > 1
 
     class StepRecorder(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            if result.initial_loss_scale is None:
-                result.initial_loss_scale = _lowest(current_loss_scale(o) for _, o in watched)
-                result.loss_scale_kind = spec.config.get("loss_scale", {}).get("kind", "none")
-            if apart and not result.optimizers:
-                result.optimizers = [{"name": name, "initial_loss_scale":
-                                      current_loss_scale(optimizer), "loss_scales": [],
-                                      "skipped": []} for name, optimizer in watched]
-            # Only a LossScaleOptimizer skips updates. Its step counter is read here once, then
-            # after each step (the count before a step is the one after the previous), from
-            # the step's logs where the step reports it: reading a variable costs a sync.
-            may_skip = [isinstance(optimizer, scaled) for _, optimizer in watched]
-            self.reported = [_reported(self.model, o) if skips else None
-                             for (_, o), skips in zip(watched, may_skip)]
-            self.iterations = [applied_updates(optimizer) if skips else None
-                               for (_, optimizer), skips in zip(watched, may_skip)]
+            _begin_records(result, spec, watched)
+            self.reported, self.iterations = _update_counts(self.model, watched)
 
         def on_train_batch_begin(self, batch, logs=None):
             _reset_unless_in_step(self.model)
@@ -204,6 +186,35 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
                 self.model.stop_training = True
 
     return StepRecorder()
+
+
+def _begin_records(result: TrialResult, spec: TrialSpec, watched: list) -> None:
+    """The initial loss scale (the lowest of the optimizers'), and a record for each optimizer
+    where there are several."""
+    from tuner.apply.loss_scaling import current_loss_scale
+
+    if result.initial_loss_scale is None:
+        result.initial_loss_scale = _lowest(current_loss_scale(o) for _, o in watched)
+        result.loss_scale_kind = spec.config.get("loss_scale", {}).get("kind", "none")
+    if len(watched) > 1 and not result.optimizers:
+        result.optimizers = [{"name": name, "initial_loss_scale": current_loss_scale(optimizer),
+                              "loss_scales": [], "skipped": []} for name, optimizer in watched]
+
+
+def _update_counts(model, watched: list) -> tuple[list, list]:
+    """For each optimizer, where the step's logs report its counts (an index, or None), and
+    how many updates it has applied (None where it cannot skip one).
+
+    Only a LossScaleOptimizer skips updates. Its step counter is read here once, then after
+    each step (the count before a step is the one after the previous), from the step's logs
+    where the step reports it: reading a variable costs a sync."""
+    import keras
+
+    from tuner.apply.keras_internals import applied_updates
+
+    may_skip = [isinstance(o, keras.optimizers.LossScaleOptimizer) for _, o in watched]
+    return ([_reported(model, o) if skips else None for (_, o), skips in zip(watched, may_skip)],
+            [applied_updates(o) if skips else None for (_, o), skips in zip(watched, may_skip)])
 
 
 def _record_scales(result: TrialResult, watched: list, iterations: list, reported: list,

@@ -66,8 +66,7 @@ def train_trial(spec: TrialSpec) -> TrialResult:
             result.batch_size = batch_size_of(batches[0][0])
             stage = "train"
             result.setup_s = time.perf_counter() - started
-            starting = StartingState()
-            _train(model, optimizers, batches, spec, result, starting)
+            starting = _train(model, optimizers, batches, spec, result)
             if spec.validate and result.outcome is TrialOutcome.COMPLETED:
                 result.validation = validate(task, model, spec.batch_pool or spec.steps)
         result.weights_bytes = sum(int(w.numpy().nbytes) for w in model.weights)
@@ -75,13 +74,12 @@ def train_trial(spec: TrialSpec) -> TrialResult:
                                                                        batches[0], config)
         if _unreached_yet(result, model, config, placement):  # a model built by its call
             return _unreached(spec, result)
-        if spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
+        if kept := spec.keep_live and result.outcome is TrialOutcome.COMPLETED:
             keep(spec, model, optimizers, batches, task, trained=len(result.losses))
-        if result.first_non_finite_step is not None:
-            own = not (spec.keep_live and result.outcome is TrialOutcome.COMPLETED)
+        if result.first_non_finite_step is not None:   # replayed on its own model, unless kept
             result.failure_layer = locate_divergence(
                 task, config, batches, spec.seed, result.first_non_finite_step,
-                model=model if own else None, starting=starting, losses=result.losses)
+                model=None if kept else model, starting=starting, losses=result.losses)
     except TaskError as exc:
         result = TrialResult.failed(spec.number, FailureClass.TASK_ERROR, str(exc),
                                     warmup_steps=spec.warmup_steps, node=result.node)
@@ -160,9 +158,10 @@ def _input_rounding(task, model, first_batch,
     return first_rounding(lambda: one_pass(model, first_batch, training=False), checks)
 
 
-def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult,
-           starting: StartingState) -> None:
-    """Train the trial's steps, each recorded; ``starting`` takes the state the model starts in,
-    for a replay to where it diverged (tuner.worker.trial.replay)."""
+def _train(model, optimizers, batches, spec: TrialSpec, result: TrialResult) -> StartingState:
+    """Train the trial's steps, each recorded; the state the model started in, for a replay to
+    where it diverged (tuner.worker.trial.replay)."""
     steps = spec.steps if spec.sizing is None else spec.sizing["max_steps"]
+    starting = StartingState()
     fit_steps(model, batches, steps, [starting.callback(), step_recorder(optimizers, spec, result)])
+    return starting
