@@ -110,7 +110,14 @@ def test_after_the_last_resort_the_training_computes_in_float32_and_its_loss_is_
     assert {layer.dtype_policy.name for layer in model.layers[1:]} == {"float32"}
     losses = history.history["loss"]
     assert all(math.isfinite(loss) for loss in losses), losses
-    # Learning in float32 (about 6% down by epoch 12 here; a step still in float16 skips
-    # every update and the loss stays flat).
-    assert losses[-1] < 0.98 * min(losses[:3]), losses
+    # Learning in float32 after it: down every epoch (a step still in float16 skips every
+    # update, and the loss stays where it was, the same each epoch). Counted from the first
+    # whole epoch after the last resort: when it comes depends on the guard's time budgets
+    # (epoch 2 or 9 here: a loaded machine spaces its checks and snapshots otherwise), and the
+    # epoch it came in holds only the steps before it (tests/apply/guard/test_step_ledger.py).
+    after = guard.events[-1].epoch     # 1-based: the index of the next epoch
+    assert after <= len(losses) - 3, [event.line() for event in guard.events]
+    assert all(later < earlier for earlier, later in zip(losses[after:], losses[after + 1:])), \
+        losses
+    assert losses[-1] < 0.99 * losses[after], losses
     assert all(np.isfinite(weight).all() for weight in model.get_weights())

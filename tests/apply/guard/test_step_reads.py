@@ -28,6 +28,7 @@ class FakeLedger:
     def __init__(self, clock: Clock, read_seconds: float) -> None:
         self.clock, self.read_seconds = clock, read_seconds
         self.written = self.seen = self.reads = 0
+        self.tracker = None   # no loss tracker to put the kept steps back into
 
     def step(self) -> None:
         self.written += 1

@@ -171,7 +171,7 @@ class PrecisionGuard(keras.callbacks.Callback):
         training.epoch = epoch
         for watch in training.scales:
             watch.epoch_began()
-        self._reads.epoch_began()
+        self._reads.epoch_began((self.params or {}).get("steps"))
 
     def after_step(self, logs: dict) -> None:
         """One step ran (a loop's: tuner.apply.guard.loop), its ``logs`` as numbers."""
@@ -202,6 +202,8 @@ class PrecisionGuard(keras.callbacks.Callback):
             if found and self._repair(found, later=len(rows) - index - 1):
                 training.keeper.point_at(batches[-1])
                 break
+            if not found:
+                self._reads.kept(row)
             if training.start is not None and not self._early():
                 training.start = None
         else:

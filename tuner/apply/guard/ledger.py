@@ -58,13 +58,15 @@ class StepRow:
     loss), and, where the step wrote them (tuner.apply.guard.ledger), each watched optimizer's
     applied updates so far and loss scale after it (empty: each watch reads its own).
     ``steps``: the steps it stands for (a host read after a call of several steps reads the
-    last one's loss: ``steps_per_execution``)."""
+    last one's loss: ``steps_per_execution``); ``weight``: its share of the loss tracker's
+    count (None: no tracker counted it)."""
 
     loss: float | None
     logged: dict[str, float]
     iterations: tuple[int, ...] = ()
     scales: tuple[float | None, ...] = ()
     steps: int = 1
+    weight: float | None = None
 
 
 class StepLedger:

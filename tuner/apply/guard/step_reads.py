@@ -47,6 +47,34 @@ def begin(training: Training, tracker: Any,
                        training.keeper.window_steps)
 
 
+class KeptLoss:
+    """The epoch's loss over the steps the guard kept (judged, not undone by a trip): what the
+    loss tracker holds again after a trip resets it. Reset, it would hold nothing where the trip
+    came at the epoch's last step (a window read at the epoch's end), and Keras would report the
+    epoch's loss as 0, its mean of no steps."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.total = self.count = 0.0
+
+    def add(self, row: StepRow) -> None:
+        if self.tracker is not None and row.weight and row.loss is not None \
+                and math.isfinite(row.loss):
+            self.total += row.loss * row.weight
+            self.count += row.weight
+
+    def reset(self) -> None:
+        self.total = self.count = 0.0
+
+    def put_back(self) -> tuple[float, float]:
+        """Into the tracker (just reset); what it holds now."""
+        if self.tracker is None or not self.count:
+            return 0.0, 0.0
+        self.tracker.total.assign(self.total)
+        self.tracker.count.assign(self.count)
+        return self.total, self.count
+
+
 class HostReads:
     """A row after every step, read from the host: the loss from Keras's running-mean tracker
     (two reads) or the logs, and nothing of the optimizers (each ``ScaleWatch`` reads its own)."""
@@ -54,6 +82,7 @@ class HostReads:
     def __init__(self, tracker: Any) -> None:
         self._tracker = tracker
         self._losses = LossSeries()
+        self._kept = KeptLoss(tracker)
 
     def after_call(self, logs: dict, steps: int) -> list[StepRow]:
         total = count = None
@@ -66,16 +95,21 @@ class HostReads:
             name: value for name, value in ((name, readings.scalar(value)) for name, value in
                                             logs.items() if str(name).endswith("loss"))
             if value is not None}
-        return [StepRow(loss, own, steps=steps)]
+        return [StepRow(loss, own, steps=steps, weight=self._losses.weight)]
 
     def drain(self) -> list[StepRow]:
         return []
 
-    def epoch_began(self) -> None:
+    def kept(self, row: StepRow) -> None:
+        """``row`` was judged and stays part of the training."""
+        self._kept.add(row)
+
+    def epoch_began(self, steps: int | None = None) -> None:
         self._losses.reset()   # Keras resets the tracker
+        self._kept.reset()
 
     def tripped(self) -> None:
-        self._losses.reset()   # the guard reset the tracker
+        self._losses.reset(*self._kept.put_back())   # the guard reset the tracker
 
     def spent(self, seconds: float) -> None:
         """Nothing to space: a host read after every step."""
@@ -100,27 +134,40 @@ class LedgerReads:
         self._since = clock()             # when the last read ended
         self._spent = 0.0                 # the guard's own time since then (not training)
         self._losses = LossSeries()
+        self._kept = KeptLoss(ledger.tracker)
+        self._epoch_steps, self._epoch_length = 0, None     # steps run, of how many
 
     def after_call(self, logs: dict, steps: int) -> list[StepRow]:
         """The rows of the steps run, once a window of them ran or a snapshot is due (windows
         end where snapshots are taken: every ``snapshot_every`` steps, as without a ledger)."""
         self._pending += steps
-        if self._pending < self._read_at:
+        self._epoch_steps += steps
+        if self._pending < self._read_at and not (
+                self._epoch_length and self._epoch_steps >= self._epoch_length):
             return []
         return self._read(adapt=True)
 
     def drain(self) -> list[StepRow]:
         return self._read(adapt=False) if self._pending else []
 
-    def epoch_began(self) -> None:
+    def kept(self, row: StepRow) -> None:
+        """``row`` was judged and stays part of the training."""
+        self._kept.add(row)
+
+    def epoch_began(self, steps: int | None = None) -> None:
+        """An epoch of ``steps`` steps (None: not known) begins: its last call is read as it
+        ends, before Keras takes the epoch's loss from the tracker (a failure found after that
+        would leave the failing step in it)."""
         self._losses.reset()   # Keras resets the tracker
+        self._kept.reset()
+        self._epoch_steps, self._epoch_length = 0, steps
 
     def tripped(self) -> None:
         """After a repair: the rows its probes of the step wrote are not the training's, and
-        the guard reset the tracker."""
+        the guard reset the tracker (it holds the kept steps' loss again)."""
         self.ledger.skip()
         self._pending = 0
-        self._losses.reset()
+        self._losses.reset(*self._kept.put_back())
 
     def spent(self, seconds: float) -> None:
         """Time the guard took outside the reads (checks, snapshots, repairs): not the
@@ -147,4 +194,5 @@ class LedgerReads:
 
     def _judged(self, row: LedgerRow) -> StepRow:
         loss = self._losses.step_loss(row.total, row.count, row.logged)
-        return StepRow(loss, row.own if loss is None else {}, row.iterations, row.scales)
+        return StepRow(loss, row.own if loss is None else {}, row.iterations, row.scales,
+                       weight=self._losses.weight)

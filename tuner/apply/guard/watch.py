@@ -20,18 +20,22 @@ class LossSeries:
     def __init__(self) -> None:
         self._total = 0.0
         self._count = 0.0
+        self.weight: float | None = None    # the last step's share of the tracker's count
 
-    def reset(self) -> None:
-        self._total, self._count = 0.0, 0.0
+    def reset(self, total: float = 0.0, count: float = 0.0) -> None:
+        """The tracker now holds ``total`` and ``count`` (zero: reset)."""
+        self._total, self._count = total, count
 
     def step_loss(self, total: float | None, count: float | None,
                   logged: float | None) -> float | None:
+        self.weight = None
         if total is None or count is None or count <= self._count:
             if count is not None and count < self._count:  # the tracker was reset (new epoch)
                 self._total, self._count = 0.0, 0.0
                 return self.step_loss(total, count, logged)
             return logged
         loss = (total - self._total) / (count - self._count) if math.isfinite(total) else total
+        self.weight = count - self._count
         self._total, self._count = total, count
         return loss
 
