@@ -135,7 +135,8 @@ class LedgerReads:
         self._spent = 0.0                 # the guard's own time since then (not training)
         self._losses = LossSeries()
         self._kept = KeptLoss(ledger.tracker)
-        self._epoch_steps, self._epoch_length = 0, None     # steps run, of how many
+        self._epoch_steps = 0                         # steps run in this epoch,
+        self._epoch_length: int | None = None         # of how many (None: not known)
 
     def after_call(self, logs: dict, steps: int) -> list[StepRow]:
         """The rows of the steps run, once a window of them ran or a snapshot is due (windows
