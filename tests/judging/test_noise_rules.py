@@ -64,6 +64,17 @@ def test_estimate_round_trips_and_refuses_an_interval_without_its_estimate():
         SpeedupEstimate(1.4, 1.45, 1.5, 3)
 
 
+def test_two_rounds_far_apart_give_an_interval_that_reads_back():
+    # bench's rounds under load (3.73 ms and 1.08 ms for float32): two log ratios far apart,
+    # a t interval from 1 degree of freedom, its low end 1e-5. Rounded to four decimals it was
+    # 0 and the record could not be read back (0 < low).
+    estimate = speedup_from_log_ratios([math.log(3.73 / 1.08), math.log(1.08 / 2.00)])
+    assert 0 < estimate.low < 1e-4 and estimate.high > 1e4
+    again = SpeedupEstimate.from_dict(estimate.to_dict())
+    assert 0 < again.low <= again.ratio <= again.high
+    assert again.low == pytest.approx(estimate.low, rel=1e-3)
+
+
 def test_the_run_to_run_allowance_widens_an_interval_in_logs_and_keeps_its_rounds():
     rounds = SpeedupEstimate(1.40, 1.35, 1.45, 6)
     widened = rounds.across_runs(0.06)

@@ -55,6 +55,14 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
+def _rounded(value: float) -> float:
+    """Four decimals, as the records show ratios; a positive value too small for them keeps
+    four significant digits (two rounds far apart put an interval's low end near 0, and a
+    record read back must still hold 0 < low)."""
+    rounded = round(value, 4)
+    return rounded if rounded or not value else float(f"{value:.4g}")
+
+
 @dataclass(frozen=True)
 class SpeedupEstimate:
     """``ratio`` = float32's step time / this config's (above 1: faster), with its interval."""
@@ -126,12 +134,12 @@ class SpeedupEstimate:
                                self.rounds, self.confidence, sd, self.low, self.high)
 
     def to_dict(self) -> dict:
-        data = {"ratio": round(self.ratio, 4), "low": round(self.low, 4),
-                "high": round(self.high, 4), "rounds": self.rounds,
+        data = {"ratio": _rounded(self.ratio), "low": _rounded(self.low),
+                "high": _rounded(self.high), "rounds": self.rounds,
                 "confidence": self.confidence}
         if self.run_drift:
-            data.update(run_drift=self.run_drift, rounds_low=round(self.rounds_low, 4),
-                        rounds_high=round(self.rounds_high, 4))
+            data.update(run_drift=self.run_drift, rounds_low=_rounded(self.rounds_low),
+                        rounds_high=_rounded(self.rounds_high))
         return data
 
     @classmethod

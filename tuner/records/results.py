@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from tuner.apply.config import PrecisionConfig
 from tuner.judging.noise import SpeedupEstimate, median
 from tuner.judging.verdict import Judgement
-from tuner.records.timing import TimeBreakdown
+from tuner.records.timing import TimeBreakdown, run_parts
 from tuner.task_facts import TaskFacts
 from tuner.trial_types import TrialResult
 
@@ -112,6 +112,5 @@ def row_record(row: TrialRow) -> dict[str, Any]:
             "speedup_interval": row.estimate.to_dict() if row.estimate else None,
             "run_id": row.run_id, "optuna_number": row.optuna_number, "repair": row.repair,
             "float32_layers": row.placed,
-            "time_s": {"build": row.result.setup_s, "trace": row.result.trace_s,
-                       "train": row.result.train_s, "worker": row.result.wall_s,
+            "time_s": {**run_parts(row.result), "worker": row.result.wall_s,
                        "record": row.record_s}}

@@ -93,22 +93,32 @@ class WorkerTime:
     def add(self, result) -> None:
         self.runs += 1
         self.traces += result.trace_s > 0
-        self.build_s += result.setup_s
-        # Validation's first batch traces the test step (tuner.worker.trial.validation).
-        validation = result.validation or {}
-        validate_trace_s = validation.get("trace_seconds", 0.0)
-        validate_s = validation.get("seconds", 0.0) - validate_trace_s
-        self.trace_s += result.trace_s + validate_trace_s
-        self.train_s += result.train_s
-        self.validate_s += validate_s
-        self.other_s += max(0.0, result.wall_s - result.setup_s - result.trace_s - result.train_s
-                            - validate_trace_s - validate_s)
+        parts = run_parts(result)
+        self.build_s += parts["build"]
+        self.trace_s += parts["trace"]
+        self.train_s += parts["train"]
+        self.validate_s += parts["validate"]
+        self.other_s += parts["other"]
 
     def describe(self) -> str:
         parts = [("build", self.build_s), ("trace", self.trace_s), ("train", self.train_s),
                  ("validate", self.validate_s), ("worker other", self.other_s),
                  ("records", self.record_s)]
         return ", ".join(f"{name} {seconds:.1f}" for name, seconds in parts if seconds >= 0.05)
+
+
+def run_parts(result) -> dict[str, float]:
+    """A run's worker time (a ``TrialResult``) by part: build; trace, the training step's
+    first call and validation's first batch where it traced the test step
+    (tuner.worker.trial.validation); train; validate, the rest of the validation; other."""
+    validation = result.validation or {}
+    validate_trace_s = validation.get("trace_seconds", 0.0)
+    validate_s = validation.get("seconds", 0.0) - validate_trace_s
+    trace_s = result.trace_s + validate_trace_s
+    return {"build": result.setup_s, "trace": trace_s, "train": result.train_s,
+            "validate": validate_s,
+            "other": max(0.0, result.wall_s - result.setup_s - trace_s - result.train_s
+                         - validate_s)}
 
 
 @dataclass
