@@ -57,6 +57,11 @@ class MemoryMeter:
         return self._peak - self._baseline, "host_rss_growth"
 
 
+def tensor_bytes(tensors) -> int:
+    """The bytes of ``tensors`` (variables too), all dtypes together."""
+    return sum(_by_dtype(tensors).values())
+
+
 def _by_dtype(tensors) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for tensor in tensors:

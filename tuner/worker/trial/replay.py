@@ -20,6 +20,7 @@ from typing import Any
 from tuner.apply.config import PrecisionConfig
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_model import compile_for_trial, one_pass, state_variables
+from tuner.worker.trial.memory import tensor_bytes
 from tuner.worker.trial.steps import fit_steps
 
 MAX_REPLAY_STEPS = 50       # a later divergence names no layer (a replay longer than the trial)
@@ -70,23 +71,9 @@ class StartingState:
 def _copied(variables: list) -> tuple[list, Any] | None:
     from tuner.apply.instruments import HostCopy
 
-    if sum(_nbytes(v) for v in variables) > KEEP_BYTES:
+    if tensor_bytes(variables) > KEEP_BYTES:
         return None
     return variables, HostCopy(variables)
-
-
-def _nbytes(variable) -> int:
-    shape = tuple(variable.shape)
-    return math.prod(shape) * _itemsize(variable.dtype)
-
-
-def _itemsize(dtype) -> int:
-    import numpy as np
-
-    try:
-        return np.dtype(str(dtype)).itemsize
-    except TypeError:        # bfloat16 and the like: numpy has no name for them
-        return 2
 
 
 def locate_divergence(task, config: PrecisionConfig, batches, seed: int, step: int, *,
