@@ -147,10 +147,11 @@ def step_recorder(optimizers, spec: TrialSpec, result: TrialResult, traces: bool
     The clock runs from ``on_train_batch_begin`` to ``on_train_batch_end``: ``fit``'s train
     function and its conversion of the step's logs to Python numbers, which waits for the step
     to finish (so the time is the step's, not the time to queue it). Everything recorded here
-    (loss scales, optimizer iterations) is read outside that window. The metrics are reset
-    before each step (in it where ``fit_steps`` could: ``reset_metrics_in_step``), so the
-    logged loss is that step's, not a running mean. A sized run (``spec.sizing``) stops once
-    ``tuner.judging.sizing.enough`` says so.
+    (loss scales, optimizer iterations) is read outside that window: from the step's logs, where
+    the step reports them (``reset_metrics_in_step``), else from the optimizers. The metrics are
+    reset before each step (in it where ``fit_steps`` could), so the logged loss is that step's,
+    not a running mean. A sized run (``spec.sizing``) stops once ``tuner.judging.sizing.enough``
+    says so.
 
     Every loss the ``train_step`` returns is recorded (``step_losses``); with more than one
     optimizer, each one's loss scale and skipped steps too (``result.optimizers``), while
