@@ -2,6 +2,7 @@
 ``__main__`` (nothing to import from a task file), and handed to ``tuner.tune``.
 
 Run it:  python examples/from_python.py [--executor local|ray] [--run-dir DIR]
+         [--keep-slow-policies]
 Each block below is what a notebook cell would hold. The script is written flat, with no
 ``if __name__ == "__main__":`` guard, as KerasTuner and Optuna scripts are: the tuner's
 workers never re-run it.
@@ -31,6 +32,8 @@ def build_model():
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--executor", default="local", choices=("local", "ray"))
 parser.add_argument("--run-dir", default=None)
+parser.add_argument("--keep-slow-policies", action="store_true",
+                    help="try the 16-bit policies even where this CPU's ceiling says they are slow")
 args = parser.parse_args()
 
 # -- cell 3: tune (the CLI's options are keyword arguments) ----------------------------------
@@ -38,7 +41,8 @@ result = tuner.tune(build_model=build_model, train_data=(x, y),
                     loss="sparse_categorical_crossentropy",
                     optimizer=lambda: keras.optimizers.Adam(1e-3),
                     batch_size=128, space="quick", trials=3, steps=20, no_confirm=True,
-                    executor=args.executor, run_dir=args.run_dir)
+                    executor=args.executor, run_dir=args.run_dir,
+                    keep_slow_policies=args.keep_slow_policies)
 print(result)         # the pick and its speedup: mixed_bfloat16, 1.12x [1.05-1.19] vs float32
 print(result.trials[["trial", "config", "verdict", "median_ms", "speedup"]])   # a DataFrame
 

@@ -106,6 +106,9 @@ for name, wrap in (("keras", keras.optimizers.LossScaleOptimizer), ("ours", cfg.
 
 # House prices in dollars (examples/house_prices.py): the head's output passes float16's
 # range; the guard keeps the whole batch from the replicas' shares and names the layer.
+# 20 epochs: trained to where float32's loss flattens. The repair restores the last snapshot,
+# which the guard spaces by its cost (steps 354 idle, 307 under load): at 12 epochs, still
+# halving each epoch, the steps lost alone put the guarded run 1.2x-2.5x float32's loss.
 import importlib.util
 spec = importlib.util.spec_from_file_location("house_prices", "HOUSE_PRICES")
 house = importlib.util.module_from_spec(spec)
@@ -120,7 +123,7 @@ for run, config, guarded in (("float32", PrecisionConfig(), False),
         model.compile(optimizer=config.wrap_optimizer(house.make_optimizer()), loss=house.LOSS,
                       **config.compile_kwargs())
     guard = config.guard(verbose=0)
-    history = model.fit(*house.train_data(), batch_size=house.BATCH_SIZE, epochs=12,
+    history = model.fit(*house.train_data(), batch_size=house.BATCH_SIZE, epochs=20,
                         shuffle=False, verbose=0, validation_data=house.val_data(),
                         callbacks=[guard] if guarded else [])
     found["house", run] = {"val_loss": history.history["val_loss"][-1],
@@ -188,7 +191,8 @@ def test_under_a_strategy_the_guard_names_the_layer_and_keeps_the_policy(distrib
     float32, unguarded, guarded = (distributed[f"('house', '{run}')"]
                                    for run in ("float32", "unguarded", "guarded"))
     assert not math.isfinite(unguarded["val_loss"])   # the head's output past 65504
-    assert guarded["val_loss"] <= 1.5 * float32["val_loss"]
+    # Trained to the model float32 trains to (1.02x idle and under load, measured).
+    assert guarded["val_loss"] <= 1.25 * float32["val_loss"]
     assert guarded["events"][0]["layers"] == ["price"]
     assert "moved price to float32" in guarded["events"][0]["action"]
     assert guarded["policy"] == "mixed_float16" and guarded["float32"] == ["price"]
