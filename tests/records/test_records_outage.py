@@ -37,14 +37,16 @@ def _row(number: int) -> TrialRow:
 
 
 def test_trials_go_on_when_mlflow_fails_and_the_missing_ones_are_named(tmp_path):
-    tracker = StoreDiesAfter(calls=3)  # start #1, log #1, start #2; then the store is gone
+    # start #1, start #2, log #1 (a trial's record waits for the next trial's start); then the
+    # store is gone.
+    tracker = StoreDiesAfter(calls=3)
     records = _Records(tracker, RunStore(tmp_path), None, TimeBreakdown())
     for number in (1, 2, 3):
         records.trial_started(number, PrecisionConfig(), None, repair=False)
         records.trial_finished(_row(number), None)
     records.flush()  # an outage is stated, not raised
     records.close()
-    assert tracker.done == ["start #1", "log run-1", "start #2"]
+    assert tracker.done == ["start #1", "start #2", "log run-1"]
     assert [r["number"] for r in RunStore(tmp_path).read_trials()] == [1, 2, 3]
     assert sorted(records.missing) == [2, 3]
     (line,) = records.outage_lines()

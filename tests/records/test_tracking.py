@@ -20,12 +20,15 @@ class SlowTracker:
     def __init__(self, fail: bool = False) -> None:
         self.release = threading.Event()
         self.logged: list[str] = []
+        self.calls: list[str] = []
         self.fail = fail
 
     def start_trial(self, *, number, **_):
+        self.calls.append(f"start-{number}")
         return f"run-{number}"
 
     def log_trial(self, run_id, **_):
+        self.calls.append(f"log-{run_id}")
         self.release.wait(timeout=30)
         if self.fail:
             raise RuntimeError("the tracking store is read-only")
@@ -51,6 +54,25 @@ def test_a_trial_is_on_disk_before_mlflow_has_it_and_the_next_trial_does_not_wai
     tracker.release.set()
     records.flush()
     assert tracker.logged == ["run-0"]
+    records.close()
+
+
+def test_a_finished_trials_record_waits_for_the_next_trials_start(tmp_path):
+    """Its per-step series are 0.1-0.3 s of Python on the records' thread: logged at once, they
+    held the GIL against the driver's Optuna tell and ask, and the next trial started later."""
+    tracker = SlowTracker()
+    records = _Records(tracker, RunStore(tmp_path), None, TimeBreakdown())
+    records.trial_started(0, PrecisionConfig(), 0, repair=False)
+    records.trial_finished(row(0), 1.0)
+    # Nothing queued before this probe: a log_trial queued would block it until release.
+    assert records.later(lambda: "probe").result(timeout=10) == "probe"
+    assert tracker.calls == ["start-0"]
+    records.trial_started(1, PrecisionConfig(), 1, repair=False)
+    tracker.release.set()
+    records.trial_finished(row(1), 1.0)      # the last trial: logged by the flush
+    records.flush()
+    assert tracker.calls == ["start-0", "start-1", "log-run-0", "log-run-1"]
+    assert tracker.logged == ["run-0", "run-1"]
     records.close()
 
 

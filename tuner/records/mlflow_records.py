@@ -20,6 +20,7 @@ from tuner.records.diagnostics_report import markdown
 from tuner.records.mlflow_stores import RANKED_BY
 from tuner.records.mlflow_text import (
     SUMMARY_TABLE,
+    chart_steps,
     config_params,
     placement_text,
     table_html,
@@ -223,8 +224,8 @@ class Tracker:
         now = int(time.time() * 1000)
         series = [("loss", result.losses), ("step_time_ms", result.step_times_ms),
                   ("loss_scale", result.loss_scales), *result_series(result)]
-        per_step = [(key, value, step) for key, values in series
-                    for step, value in enumerate(values) if value is not None]
+        per_step = [(key, values[step], step) for key, values in series
+                    for step in chart_steps(values)]
         summary: dict[str, float | None] = {
             "median_step_ms": judgement.median_step_ms,
             "loss_decrease_ratio": judgement.loss_decrease_ratio,
@@ -253,6 +254,7 @@ class Tracker:
         self._log_metrics(run_id, [(k, v) for k, v in summary.items() if v is not None],
                           per_step=per_step, timestamp=now)
         self.client.log_dict(run_id, config.to_dict(), "precision_config.json")
+        self.client.log_dict(run_id, dict(series), "steps.json")   # every step of each series
         # The runs table shows names but no metric until the user adds columns: the verdict,
         # speedup and median step time go in the name, so the first view shows them.
         self.client.update_run(run_id, name=trial_run_name(

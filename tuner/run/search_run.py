@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from tuner import job_context
@@ -29,6 +30,7 @@ from tuner.run.closing import (
     close_records,
     fresh_rss_line,
     node_losses,
+    plot_diagnostics_early,
     record_exclusive_phases,
     summary_of,
 )
@@ -118,10 +120,7 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
     scheduler, notes = _open(plan, tracker, store, scheduler_factory, facts, executor.chosen)
     # On a shared cluster the executor may wait (for a node): the wait is said in MLflow.
     executor.announce = lambda phase: _announce(tracker, phase)
-    if diagnostics is not None:
-        records.after_first_trial(tracker.log_diagnostics, diagnostics)
-    if facts.ceiling:
-        records.after_first_trial(tracker.log_ceiling, facts.ceiling)
+    early_plots = _record_facts(records, tracker, plan, diagnostics, facts)
     clock.add("opening records", time.perf_counter() - opening)
     exhausted, outcome = _phases(scheduler, executor, records, store, tracker, clock)
     plan = scheduler.plan  # with the sized step count
@@ -137,7 +136,8 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
         summary = summary_of(plan, scheduler, outcome, exhausted, started, tracker, facts)
         summary.record_notes = notes + records.outage_lines() + node_losses(executor, store)
         close_records(plan, summary, scheduler, tracker if records.outage is None else None,
-                       store, diagnostics, mlflow_missing=sorted(set(records.missing)))
+                       store, None if early_plots else diagnostics,
+                       mlflow_missing=sorted(set(records.missing)))
     # The wall time and its breakdown include the records, so they are written last.
     summary.wall_s, summary.breakdown = time.perf_counter() - started, clock
     timing = clock.to_dict(summary.wall_s)
@@ -147,6 +147,20 @@ def run_search(plan: RunPlan, executor: Executor, progress: Progress | None = No
                             "outside_training_fraction": summary.outside_training_fraction},
                            timing)
     return summary
+
+
+def _record_facts(records: TrialRecorder, tracker: Tracker, plan: RunPlan,
+                  diagnostics: dict[str, Any] | None, facts: TaskFacts) -> list[Path]:
+    """The diagnostics and the device's ceiling on the parent run, behind the first trial's
+    run; the diagnostics' plot drawn there too. Returns the plots so drawn (once flushed)."""
+    early_plots: list[Path] = []
+    if diagnostics is not None:
+        records.after_first_trial(tracker.log_diagnostics, diagnostics)
+        records.after_first_trial(plot_diagnostics_early, diagnostics, plan.run_dir / "plots",
+                                  tracker, early_plots)
+    if facts.ceiling:
+        records.after_first_trial(tracker.log_ceiling, facts.ceiling)
+    return early_plots
 
 
 def _tracker(plan: RunPlan) -> Tracker:
