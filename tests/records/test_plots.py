@@ -32,3 +32,20 @@ def test_the_plots_are_drawn_without_touching_the_callers_matplotlib_backend(tmp
                                       "confirmation.png", "diagnostics.png"}
     for path in made:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_long_y_tick_labels_leave_the_axis_label_inside_the_figure(tmp_path):
+    """One-panel plots take fixed margins (no layout pass); ticks such as 0.99990 once pushed
+    the y label out of the picture."""
+    from tuner.records.plots import _figure, _save
+
+    for values, offset in (([1.0, 0.99989], False), ([2.5e5, 2.5e5 + 0.75], False),
+                           ([0.1, 0.2], True)):
+        figure, axes = _figure((8, 5))
+        axes.plot([0, 1], values)
+        axes.ticklabel_format(axis="y", useOffset=offset)
+        axes.set_ylabel("share of float32's loss decrease")
+        _save(figure, tmp_path / "plot.png")
+        figure.canvas.draw()      # at the figure's own dpi: the margins are fractions of it
+        label = axes.yaxis.label.get_window_extent()
+        assert label.x0 >= 0, (values, label)   # matplotlib sets it beside the tick labels

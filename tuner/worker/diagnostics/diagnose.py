@@ -69,7 +69,8 @@ def diagnostics_or_why(task, model, batches: list, steps: int) -> dict[str, Any]
 
 def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
     """Diagnostics of a float32 model of ``task`` (built, or to be built on the first batch),
-    from ``steps`` instrumented steps on ``batches`` (cycled). It trains the model."""
+    from ``steps`` instrumented steps on ``batches`` (cycled). It trains the model between
+    them (the last step's update, which no step reads, is not applied)."""
     import keras
 
     from tuner.apply.instruments import traced_step
@@ -87,5 +88,6 @@ def diagnose_model(task, model, batches: list, steps: int) -> dict[str, Any]:
         watch.targets.observe(traced.prediction, traced.y, traced.captured)
         output_grads, weights, weight_grads = traced.gradients()
         record_step(records, order, traced.captured, output_grads, weights, weight_grads)
-        model.optimizer.apply(weight_grads, weights)
+        if step + 1 < steps:
+            model.optimizer.apply(weight_grads, weights)
     return diagnostics_from(task, steps, [records[name] for name in order], watch.findings())
