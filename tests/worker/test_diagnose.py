@@ -21,6 +21,25 @@ def test_tensor_stats_counts_float16_overflow_and_underflow():
     assert 0 < stats["bf16_rel_error"] < 0.01
 
 
+def test_tensor_stats_rounds_as_tensorflow_casts_float32_to_bfloat16_and_bins_exact_exponents():
+    import tensorflow as tf
+
+    from tuner.worker.diagnostics.layer_ranges import _as_bfloat16
+
+    rng = np.random.default_rng(0)
+    bits = rng.integers(1, 0x7F7F0000, size=200_000, dtype=np.uint32)   # finite, positive
+    bits[:500] = (bits[:500] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)   # exact ties
+    values = bits.view(np.float32)                                       # subnormals too
+    cast = tf.cast(tf.cast(tf.constant(values), tf.bfloat16), tf.float32).numpy()
+    assert np.array_equal(_as_bfloat16(values).view(np.uint32), cast.view(np.uint32))
+    # |v| in [2^e, 2^(e+1)): just below a power of two stays in the lower bin.
+    below = np.nextafter(np.float32(2.0 ** -3), np.float32(0))
+    stats = tensor_stats(np.array([0.125, below, 1e-40, 3.0, 0.0], dtype=np.float32))
+    assert stats["log2_counts"] == {"-3": 1, "-4": 1, "-133": 1, "1": 1}
+    assert stats["log2_counts"] == {str(int(e)): 1 for e in np.floor(np.log2(
+        np.array([0.125, below, 1e-40, 3.0], dtype=np.float64)))}
+
+
 def test_recommended_loss_scale_keeps_headroom():
     assert recommend_loss_scale(1.0, 1e-3)["exponent"] == 15
     tiny = recommend_loss_scale(3e-9, 1e-12)
