@@ -12,7 +12,8 @@ from typing import Any
 
 EPOCH, DONE = "PT-EPOCH ", "PT-DONE "    # precision-tuner train: an epoch's figures, the result
 BENCH = "PT-BENCH "                      # precision-tuner bench: one measurement
-KINDS = (EPOCH, DONE, BENCH)
+DEVICES = "PT-DEVICES "                  # how a process configured its devices, first thing
+KINDS = (EPOCH, DONE, BENCH, DEVICES)
 
 
 def line(kind: str, data: dict) -> str:

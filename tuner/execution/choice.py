@@ -9,12 +9,10 @@ Plain data and the GPU count from ``nvidia-smi`` (no TensorFlow, no Ray imported
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 
 from tuner.errors import UsageError
+from tuner.execution.gpus import visible_gpu_ids
 
 AUTO = "auto"
 
@@ -40,25 +38,9 @@ class ExecutorChoice:
 
 
 def visible_gpus() -> int:
-    """NVIDIA GPUs this machine shows its processes: ``nvidia-smi -L``'s list, narrowed by
-    ``CUDA_VISIBLE_DEVICES`` where it is set (indices or UUIDs); 0 without ``nvidia-smi``."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    gpus = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return len(gpus)
-    wanted = [item.strip() for item in visible.split(",") if item.strip()]
-    if any(item.startswith("-") for item in wanted[:1]):
-        return 0   # "-1": none
-    return sum(1 for index, line in enumerate(gpus)
-               if str(index) in wanted or any(item in line for item in wanted
-                                              if item.startswith(("GPU-", "MIG-"))))
+    """NVIDIA devices this machine gives its processes (tuner.execution.gpus: a MIG slice
+    counts as one, ``CUDA_VISIBLE_DEVICES`` narrows them); 0 without ``nvidia-smi``."""
+    return len(visible_gpu_ids())
 
 
 def choose(executor: str, workers: int | str, ray_address: str | None, service_job: bool,

@@ -1,7 +1,9 @@
 """``precision-tuner train``: a task's whole training under a config with the precision guard
 (``guard=False``: unguarded, to see what the guard saved), and with ``against="float32"`` the
-same training in float32 beside it (two processes at once: the figures compared are losses, not
-times; when one fails the other is stopped). Shows each epoch's losses as they arrive, then a
+same training in float32 (two processes, side by side on the CPU or a GPU each, one after the
+other on a single GPU: ``placement``; the figures compared are losses, not times; when one
+fails the other is stopped). Each process sets up its devices before TensorFlow allocates and
+says how (``devices`` in train.json). Shows each epoch's losses as they arrive, then a
 table and a verdict: the config's loss over float32's, on validation (on the training loss
 where the task has no validation, said so), over the last epochs, within the confirmation's
 allowance (``LEVEL_ALLOWANCE``) or worse, and ``worse`` in the record, which the command turns
@@ -25,31 +27,58 @@ from pathlib import Path
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import ARTIFACT, EVENTS_TAG, guard_record
 from tuner.errors import TaskError, UsageError
+from tuner.execution.gpus import visible_gpu_ids
 from tuner.judging.learning import LEVEL_ALLOWANCE
-from tuner.process_lines import DONE, EPOCH, read_line
+from tuner.process_lines import DEVICES, DONE, EPOCH, read_line
 from tuner.records.mlflow_records import experiment_for
 from tuner.records.mlflow_stores import default_tracking_uri
 
 _LAST_EPOCHS = 3   # the verdict compares the mean of each run's last epochs (one epoch is noisy)
 
 
-def _start(task: Path, which: str, epochs: int, guard: bool) -> subprocess.Popen:
+def _start(task: Path, which: str, epochs: int, guard: bool,
+           device: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if device is not None:   # a GPU (or MIG slice) of its own
+        env["CUDA_VISIBLE_DEVICES"] = device
     return subprocess.Popen([sys.executable, "-m", "tuner.worker.programs.one_training",
                              str(task), which, str(epochs)] + ([] if guard else ["--no-guard"]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def placement(names: list[str], gpus: list[str]) -> tuple[list[list[str]], dict[str, str], str]:
+    """How the trainings ``names`` share this machine's ``gpus`` (tuner.execution.gpus):
+    ``(waves, devices, line)``: the runs started together, wave after wave; each run's GPU
+    where it gets one of its own; and what to say. On the CPU, side by side (the figures
+    compared are losses, not times). On one GPU, one after the other: side by side, each
+    TensorFlow process would have about half of its memory, and a model that needs more than
+    that fails in one of them. On several, side by side, a GPU each."""
+    if len(names) < 2:
+        return [names], {}, ""
+    if not gpus:
+        return [names], {}, "both trainings side by side on the CPU"
+    if len(gpus) == 1:
+        return [[name] for name in names], {}, (
+            f"one GPU: the {names[1]} training runs after the {names[0]} one (side by side, "
+            "each would have about half of its memory)")
+    devices = dict(zip(names, gpus))
+    return [names], devices, "side by side, a GPU each: " + ", ".join(
+        f"{name} on {device}" for name, device in devices.items())
+
+
 def _follow(name: str, process: subprocess.Popen, results: dict, lock: threading.Lock) -> None:
+    devices = None
     for line in process.stdout:   # tuner.worker.programs.one_training's lines
         kind, data = read_line(line)
-        if kind == EPOCH:
+        if kind == DEVICES:   # its first line: how it set up its devices
+            devices = data
+        elif kind == EPOCH:
             key = "val_loss" if "val_loss" in data else "loss"
             with lock:
                 print(f"  {name:8s} epoch {data['epoch']:3d}: {key} "
                       f"{data.get(key, float('nan')):.5g}", flush=True)
         elif kind == DONE:
-            results[name] = data
+            results[name] = {**data, "devices": devices}
 
 
 def train(task: Path, config_path: Path, epochs: int, against: str | None,
@@ -61,14 +90,29 @@ def train(task: Path, config_path: Path, epochs: int, against: str | None,
     runs = {"config": str(config_path.resolve())}
     if against == "float32":
         runs["float32"] = "float32"
-    processes = {name: _start(task, which, epochs, guard) for name, which in runs.items()}
+    waves, devices, said = placement(list(runs), visible_gpu_ids())
+    if said:
+        print(said, flush=True)
     results: dict = {}
+    for wave in waves:
+        _run_wave(task, {name: runs[name] for name in wave}, epochs, guard, devices, results)
+    record = _write(run_dir, task, config_path, epochs, results, guard)
+    _log_to_mlflow(record, results, tracking_uri or default_tracking_uri(run_dir), task.stem)
+    return record
+
+
+def _run_wave(task: Path, runs: dict[str, str], epochs: int, guard: bool,
+              devices: dict[str, str], results: dict) -> None:
+    """Start ``runs`` together and follow them to the end; the first to fail stops the rest
+    and raises, in one line."""
+    processes = {name: _start(task, which, epochs, guard, devices.get(name))
+                 for name, which in runs.items()}
     lock = threading.Lock()
     readers = [threading.Thread(target=_follow, args=(name, process, results, lock))
                for name, process in processes.items()]
     for reader in readers:
         reader.start()
-    errors = {name: [] for name in processes}
+    errors: dict[str, list[str]] = {name: [] for name in processes}
     drains = [threading.Thread(target=lambda n=name, p=process: errors[n].extend(p.stderr))
               for name, process in processes.items()]
     for drain in drains:
@@ -82,9 +126,6 @@ def train(task: Path, config_path: Path, epochs: int, against: str | None,
         stopped = [name for name in processes if name != failed]
         also = f" (the {stopped[0]} training was stopped)" if stopped else ""
         raise TaskError(f"the {failed} training of {task.name} failed: {last}{also}")
-    record = _write(run_dir, task, config_path, epochs, results, guard)
-    _log_to_mlflow(record, results, tracking_uri or default_tracking_uri(run_dir), task.stem)
-    return record
 
 
 def _wait_all(processes: dict[str, subprocess.Popen], results: dict) -> str | None:
@@ -137,7 +178,8 @@ def _write(run_dir: Path, task: Path, config_path: Path, epochs: int, results: d
     amended_path = amended.save(run_dir / "guarded_config.json", overwrite=True)
     record = {"task": str(task), "config": str(config_path), "epochs": epochs, "guard": guard,
               "runs": {name: {"val_loss": result["history"].get("val_loss", []),
-                              "loss": result["history"].get("loss", [])}
+                              "loss": result["history"].get("loss", []),
+                              "devices": result.get("devices")}
                        for name, result in results.items()},
               "events": results["config"]["events"], "amended_config": str(amended_path)}
     if "float32" in results:

@@ -38,6 +38,12 @@ def test_train_against_float32_writes_the_verdict_events_and_amended_config(tmp_
     amended = PrecisionConfig.load(record["amended_config"])
     assert "price" in amended.float32.layers
     assert "verdict: as good as float32" in done.stdout
+    # Each training set its devices up before TensorFlow allocated (said by the child itself,
+    # on its first line); on the CPU they ran side by side.
+    assert "both trainings side by side on the CPU" in done.stdout
+    for run in record["runs"].values():
+        assert run["devices"]["before_tensorflow"] is True, run["devices"]
+        assert run["devices"]["gpus"] == [] and run["devices"]["visible"] is None
 
     from mlflow import MlflowClient
 
@@ -153,3 +159,43 @@ def test_train_says_when_the_config_reaches_no_layer(tmp_path):
     line = next(text for text in done.stdout.splitlines()
                 if text.startswith("guard: mixed_bfloat16 reached 0%"))
     assert "dense" in line and "dtype='float32' in the code" in line and "Fix:" in line
+
+
+def _fake_gpus(tmp_path, count: int) -> dict:
+    """An environment whose ``nvidia-smi -L`` lists ``count`` GPUs (TensorFlow still trains on
+    the CPU: what is checked is where the trainings were sent)."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    lines = "\n".join(f"GPU {i}: NVIDIA L4 (UUID: GPU-{i}fake-0000)" for i in range(count))
+    script.write_text(f"#!/bin/sh\ncat <<'END'\n{lines}\nEND\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_against_float32_on_one_gpu_runs_one_after_the_other_and_on_two_a_gpu_each(tmp_path,
+                                                                                  gpus):
+    config = tmp_path / "bf16.json"
+    config.write_text('{"policy": "mixed_bfloat16"}')
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "train", "examples/house_prices.py", "--config",
+         str(config), "--epochs", "3", "--against", "float32", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, env=_fake_gpus(tmp_path, gpus))
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "train.json").read_text())
+    visible = {name: run["devices"]["visible"] for name, run in record["runs"].items()}
+    epochs = [line.split()[0] for line in done.stdout.splitlines() if " epoch " in line]
+    if gpus == 1:
+        assert "one GPU: the float32 training runs after the config one" in done.stdout
+        assert epochs == ["config"] * 3 + ["float32"] * 3   # the second began after the first
+        assert visible == {"config": None, "float32": None}
+    else:
+        assert "side by side, a GPU each: config on 0, float32 on 1" in done.stdout
+        assert visible == {"config": "0", "float32": "1"}
+    assert all(run["devices"]["before_tensorflow"] for run in record["runs"].values())

@@ -47,15 +47,45 @@ def import_frameworks() -> None:
     gc.freeze()
 
 
-def configure_devices(threads: int | None, use_gpu: bool) -> None:
+def prepare_process(threads: int | None = None, use_gpu: bool = True) -> dict:
+    """What every process the tool starts to run TensorFlow does first, through this one
+    function (a trial's worker, a Ray actor, ``train``'s trainings, ``bench``'s measurements):
+    import the frameworks, then configure the devices before TensorFlow allocates anything.
+    Without it TensorFlow maps nearly all of a GPU's memory to each process, and the second of
+    two on one GPU starves. Returns ``configure_devices``' record."""
+    import_frameworks()
+    return configure_devices(threads, use_gpu)
+
+
+def configure_devices(threads: int | None, use_gpu: bool) -> dict:
     """Before TensorFlow runs its first op: GPU memory that grows as it is used (a trial after
     another, and the user's other processes, find it free), and ``threads`` for the host's
-    work (None: TensorFlow's default, every core)."""
+    work (None: TensorFlow's default, every core). Returns what was done, as plain data:
+    ``gpus`` (the GPUs TensorFlow sees), ``memory_growth``, ``threads``, ``visible`` (this
+    process's ``CUDA_VISIBLE_DEVICES``) and ``before_tensorflow`` (False where TensorFlow had
+    already set up its devices: then nothing could be changed)."""
+    import os
+
     import tensorflow as tf
 
-    if use_gpu:
-        for gpu in tf.config.list_physical_devices("GPU"):
+    started = _tensorflow_started(tf)
+    gpus = tf.config.list_physical_devices("GPU")
+    growth = False
+    if use_gpu and gpus and not started:
+        for gpu in gpus:
             tf.config.experimental.set_memory_growth(gpu, True)
-    if threads is not None:
+        growth = True
+    if threads is not None and not started:
         tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    return {"gpus": [gpu.name for gpu in gpus], "memory_growth": growth, "threads": threads,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "before_tensorflow": not started}
+
+
+def _tensorflow_started(tf) -> bool:
+    """Whether TensorFlow has set up its devices in this process (its eager context is
+    initialised by the first op or device query that needs them): its own private flag, read
+    defensively (a TensorFlow without it counts as not started, as the call then finds)."""
+    from tensorflow.python.eager import context  # TensorFlow's private module, read only here
+
+    return bool(getattr(context.context(), "_initialized", False))

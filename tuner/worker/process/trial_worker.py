@@ -20,7 +20,7 @@ import socket
 
 from tuner.worker.check.task_check import check_task
 from tuner.worker.device.ceiling import prime
-from tuner.worker.process.startup import configure_devices, import_frameworks
+from tuner.worker.process.startup import prepare_process
 from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
 from tuner.worker.trial.steps import forget_stacked
@@ -34,8 +34,7 @@ class TrialWorker:
 
     def __init__(self, threads: int | None, use_gpu: bool, node: str | None = None) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import_frameworks()  # before anything else imports TensorFlow: see there
-        configure_devices(threads, use_gpu)
+        self.devices = prepare_process(threads, use_gpu)   # before anything else: see there
         self._node = socket.gethostname() if node is None else node
 
     def node(self) -> str:

@@ -20,7 +20,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.errors import TunerError
 from tuner.process_lines import BENCH, line
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-from tuner.worker.process.startup import import_frameworks
+from tuner.worker.process.startup import prepare_process
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_loader import fixed_batches, load_task
 from tuner.worker.task.task_model import compile_for_trial
@@ -75,7 +75,7 @@ def _device() -> str:
 def main(argv: list[str]) -> int:
     task_path, which, steps, warmup = argv[0], argv[1], int(argv[2]), int(argv[3])
     seed = int(argv[4]) if len(argv) > 4 else 0
-    import_frameworks()   # as a trial's worker starts: the collector kept off the frameworks
+    prepare_process()   # as a trial's worker starts: the frameworks, then the devices
     try:
         figures = measure(task_path, which, steps, warmup, seed)
     except TunerError as exc:

@@ -17,7 +17,8 @@ import sys
 
 from tuner.apply.config import PrecisionConfig
 from tuner.apply.guard.mlflow_record import guard_record
-from tuner.process_lines import DONE, EPOCH, line
+from tuner.process_lines import DEVICES, DONE, EPOCH, line
+from tuner.worker.process.startup import prepare_process
 from tuner.worker.task.array_rows import held_back_split, rows, sample_count
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_loader import load_task
@@ -76,6 +77,8 @@ def train(task_path: str, which: str, epochs: int, guarded: bool = True,
 
 
 if __name__ == "__main__":
+    # The devices first, before TensorFlow allocates: said on the first line, for the driver.
+    print(line(DEVICES, prepare_process()), flush=True)
     result = train(sys.argv[1], sys.argv[2], int(sys.argv[3]),
                    guarded="--no-guard" not in sys.argv[4:])
     print(line(DONE, result), flush=True)
