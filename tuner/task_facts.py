@@ -19,6 +19,8 @@ class TaskFacts:
     path (``all_layers``); ``optimizer``: what the task's optimizers can take (their epsilon);
     ``diagnostics``: the per-layer diagnostics where asked for (None once the job has taken
     them); ``ceiling``: each precision's speed on this device where measured (None where not);
+    ``tf32``: whether float32's products run in TF32 on this device (TensorFlow's default on
+    Ampere and newer GPUs);
     ``probe_s``, ``diagnostics_s``, ``ceiling_s``: the seconds each took, apart.
     """
 
@@ -36,6 +38,7 @@ class TaskFacts:
     diagnostics_s: float = 0.0
     ceiling: dict[str, Any] | None = None
     ceiling_s: float = 0.0
+    tf32: dict[str, Any] | None = None   # tuner.worker.device.tf32.facts(): on, possible, applies
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

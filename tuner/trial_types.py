@@ -75,6 +75,8 @@ class TrialSpec:
     # on the steps it trained in that time, not on the full count (None: no bound).
     time_bound_s: float | None = None
     time_bound_min_steps: int = 0
+    # float32's products in IEEE float32, TF32 off (--strict-float32; tuner.worker.device.tf32).
+    strict_float32: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,6 +32,7 @@ def test_summary_table_and_overhead_are_printed(tuned):
     assert "spent outside them" in stdout and "tracing each trial" in stdout
     text = " ".join(stdout.split())  # the console wraps long lines
     provenance = PrecisionConfig.load(out).provenance
+    assert provenance["tf32"]["float32_products"] == "float32"   # no TF32 units on a CPU
     # The headline names the exported trial and gives the decision's reason, whichever of
     # the legitimate outcomes this machine's timings lead to.
     best = text[text.index("best: "):]
@@ -105,6 +106,9 @@ def test_the_tune_ran_on_the_executor_it_chose_and_said_so(tuned):
     assert (record["executor"]["kind"], record["executor"]["why"]) == (expected.kind,
                                                                        expected.why)
     assert f"trials: {expected.line()}" in stdout
+    # What float32 meant: on this CPU IEEE float32 (no TF32 units), recorded as such.
+    assert record["tf32"] == {"enabled": True, "supported": False, "applies": False,
+                              "strict": False, "float32_products": "float32"}
     client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
     parent = client.get_run(record["parent_run_id"])
     assert parent.data.params["executor"] == expected.kind

@@ -36,6 +36,7 @@ def tune(
     space: str | Path | None = None, trials: int | None = None, exhaustive: bool = False,
     steps: int | None = None, trial_seconds: float | None = None, seed: int | None = None,
     tolerance: float | None = None, keep_slow_policies: bool = False,
+    strict_float32: bool = False,
     # -- how the pick is made and checked
     finalists: int = DEFAULT_FINALISTS, min_gain: float = DEFAULT_MIN_GAIN,
     run_drift: float | None = None, objective: Objective | None = None,
@@ -82,7 +83,8 @@ def tune(
         space=os.fspath(space) if isinstance(space, os.PathLike) else space, trials=trials,
         exhaustive=exhaustive, steps=steps, trial_seconds=trial_seconds, seed=seed,
         tolerance=tolerance,
-        keep_slow_policies=keep_slow_policies, finalists=finalists, min_gain=min_gain,
+        keep_slow_policies=keep_slow_policies, strict_float32=strict_float32,
+        finalists=finalists, min_gain=min_gain,
         run_drift=run_drift, objective=objective, memory_slack=memory_slack,
         confirm_steps=confirm_steps, confirm_seconds=confirm_seconds, no_confirm=no_confirm,
         run_dir=run_dir, out=out, force=force, resume=resume, tracking_uri=tracking_uri,

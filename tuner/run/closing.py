@@ -54,7 +54,17 @@ def provenance(best: TrialRow, outcome: Remeasured, plan: RunPlan,
         "machine": machine_description(),
         "tensorflow": facts.tensorflow,
         "keras": facts.keras,
+        "tf32": float32_math(facts, plan),
     }
+
+
+def float32_math(facts: TaskFacts, plan: RunPlan) -> dict[str, Any]:
+    """What "float32" meant in this run's trials: TF32 products (TensorFlow's default on a
+    GPU with TF32 units) or IEEE float32, and why: run.json and the export's provenance."""
+    tf32 = dict(facts.tf32 or {})
+    applies = bool(tf32.get("applies")) and not plan.strict_float32
+    return {**tf32, "strict": plan.strict_float32, "float32_products": "tf32" if applies
+            else "float32"}
 
 
 def speedup_source(best: TrialRow, outcome: Remeasured) -> str:

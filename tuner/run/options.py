@@ -105,6 +105,11 @@ class TuneOptions:
         "the model's largest layer (bfloat16 on CPUs without AVX512-BF16 or AMX); by default "
         "they are skipped, with a line saying so. No trial is then stopped early for being "
         "slow: the kept policies are there to be judged on stability", TRY)] = False
+    strict_float32: Annotated[bool, Option(
+        "hold float32 to IEEE float32 in every trial: TF32 off for its matrix products and "
+        "convolutions (TensorFlow runs them in TF32 by default on NVIDIA Ampere and newer "
+        "GPUs, which makes the float32 baseline faster and less precise); no effect elsewhere. "
+        "A resumed run keeps its own setting", TRY)] = False
     # -- how the pick is made and checked
     finalists: Annotated[int, Option(
         "stable candidates re-measured back to back before naming the winner [default: "

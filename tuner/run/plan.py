@@ -129,6 +129,7 @@ class RunPlan:
     run_drift: float = RUN_DRIFT_SD
     remeasurement: Remeasurement = Remeasurement()
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
+    strict_float32: bool = False        # TF32 off in every trial (tuner.worker.device.tf32)
     objective: Objective = Objective.SPEED
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
     # What the run learned of the model and this device (``Learned``), fitted as it learned it.
@@ -153,7 +154,7 @@ class RunPlan:
         return {"task": str(self.task_path), "space": self.space_ref, "trials": self.trials,
                 "steps": self.steps, "seed": self.seed, "tolerance": self.tolerance,
                 "exhaustive": self.exhaustive, "min_gain": self.min_gain,
-                "run_drift": self.run_drift,
+                "run_drift": self.run_drift, "strict_float32": self.strict_float32,
                 "skipped_policies": list(self.learned.skipped_policies or ()),
                 "objective": self.objective.value, "memory_slack": self.memory_slack,
                 "sizing": self.learned.sizing.to_dict() if self.learned.sizing else None,
@@ -294,6 +295,7 @@ def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
         run_drift=recorded.get("run_drift", RUN_DRIFT_SD if options.run_drift is None
                                else options.run_drift),
         keep_slow_policies=options.keep_slow_policies,
+        strict_float32=recorded.get("strict_float32", options.strict_float32),
         objective=recorded.get("objective") or options.objective or Objective.SPEED,
         memory_slack=recorded.get("memory_slack") or options.memory_slack
         or DEFAULT_MEMORY_SLACK,

@@ -28,6 +28,7 @@ from tuner.records.timing import TimeBreakdown
 from tuner.run.by_objective import winner_of
 from tuner.run.closing import (
     close_records,
+    float32_math,
     fresh_rss_line,
     node_losses,
     plot_diagnostics_early,
@@ -84,6 +85,7 @@ def _open(plan: RunPlan, tracker, store: RunStore, scheduler_factory,
         tags={"run_dir": str(plan.run_dir.resolve()), "machine": machine_description(),
               **job_context.parent_tags()})
     store.write_run({**plan.settings(), "ceiling": facts.ceiling, "executor": chosen,
+                     "tf32": float32_math(facts, plan),
                      "study_name": study_name, "parent_run_id": parent_id,
                      "experiment": f"precision-tuner/{task_name}", "status": "running",
                      "created_at": datetime.datetime.now(datetime.timezone.utc)

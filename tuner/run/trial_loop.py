@@ -55,7 +55,7 @@ def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
                      time_bound_min_steps=plan.warmup_steps + MIN_TIMED_STEPS,
                      integer_inputs=[dict(entry) for entry in plan.learned.integer_inputs],
                      continuous_inputs=[dict(entry) for entry in plan.learned.continuous_inputs],
-                     batch_pool=plan.learned.batch_pool)
+                     batch_pool=plan.learned.batch_pool, strict_float32=plan.strict_float32)
 
 
 class Scheduler:

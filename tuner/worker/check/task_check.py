@@ -51,6 +51,7 @@ def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import tensorflow as tf
 
     from tuner.apply.layers import float32_matches
+    from tuner.worker.device.tf32 import facts as tf32_facts
     from tuner.worker.task.task_loader import fixed_batches, load_task
 
     started = time.perf_counter()
@@ -67,6 +68,7 @@ def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
         parameters=int(sum(int(math.prod(w.shape)) for w in model.weights)),
         float32_matches=float32_matches(model, FLOAT32_GROUPS, tuple(patterns)),
         optimizer=optimizer_facts(*optimizers))
+    facts.tf32 = tf32_facts()
     largest = largest_kernel(model, facts.batch_size) if ceiling else None
     facts.probe_s = time.perf_counter() - started  # the job's "task check" phase
     if diagnose_steps:

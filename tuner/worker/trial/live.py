@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from tuner.apply.config import PrecisionConfig
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.device.tf32 import hold_float32
 from tuner.worker.trial.error_reading import classify
 from tuner.worker.trial.live_models import LIVE, LiveModel, key_of
 from tuner.worker.trial.steps import fit_steps, step_recorder
@@ -30,6 +31,7 @@ from tuner.worker.trial.validation import validate
 def run_live(spec_dict: dict) -> dict:
     """One timing run of ``spec``'s config on its live model (built and traced on first use)."""
     spec = TrialSpec.from_dict(spec_dict)
+    hold_float32(spec.strict_float32)
     live = LIVE.get(key_of(spec))
     if live is None:
         # Built here (a fresh worker): a whole trial of ``spec.steps`` first.

@@ -15,6 +15,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.apply.reach import activation_share, precision_reach, reached_none, unreached_line
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.device.tf32 import hold_float32
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_model import (
     batch_size_of,
@@ -32,6 +33,7 @@ from tuner.worker.trial.validation import validate
 
 def run_trial(spec_dict: dict) -> dict:
     spec = TrialSpec.from_dict(spec_dict)
+    hold_float32(spec.strict_float32)
     return train_trial(spec).to_dict()
 
 
