@@ -1,11 +1,12 @@
 # Quick start:  make demo  (set up + tune an example)   |   make test  (set up + run the tests)
 PYTHON ?= python3.11
 VENV   ?= .venv
+EXTRAS ?= cpu,dev
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup setup-lowest browser demo transcript test test-quick test-lowest test-mutants docs docs-serve ui \
-	wheel clean
+	wheel clean gpu-check
 
 setup: $(STAMP)
 
@@ -13,7 +14,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=python3"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 	@# KerasHub for the test of a model loaded from a local preset, without its dependency
 	@# tensorflow-text, which pulls the full tensorflow wheel over tensorflow-cpu (the same
 	@# package folder); keras_hub's models and presets import without it.
@@ -24,6 +25,16 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/precision-tuner tune examples/digits_mlp.py --space quick \
 		--run-dir runs/demo-$$(date +%Y%m%d-%H%M%S) --out runs/best_precision.json
+
+# On a machine with an NVIDIA GPU: its own environment with TensorFlow's GPU build, then a tune,
+# a bench and a guarded training of a test model, and a report to paste into an issue (about
+# five minutes). Without a GPU it says so and runs on the CPU.
+gpu-check:
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(MAKE) setup VENV=.venv-gpu EXTRAS=gpu,dev && .venv-gpu/bin/precision-tuner gpu-check; \
+	else \
+		$(MAKE) setup && $(BIN)/precision-tuner gpu-check; \
+	fi
 
 # The example run on docs/getting-started.md, from a real tune of the demo on this machine.
 transcript: setup

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuner.cli import jobs, submit
+from tuner.cli import gpu_check, jobs, submit
 from tuner.cli.submit import FORWARDED
 from tuner.cli.tune_parser import add_tune_parser, options_from
 from tuner.dependency_versions import refuse_if_unsupported
@@ -106,6 +106,7 @@ def _add_other_commands(commands) -> None:
     train.add_argument("--tracking-uri", metavar="URI",
                        help="an MLflow tracking server [default: RUN_DIR/mlflow.db]")
     _add_bench_parser(commands)
+    gpu_check.add_parser(commands)
 
 
 def _task_and_config(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -290,7 +291,7 @@ def _run(args: argparse.Namespace) -> int:
 
     small_commands = {"export": commands.export, "ui": commands.ui, "spaces": commands.spaces,
                       "diagnose": commands.diagnose, "train": commands.train,
-                      "bench": commands.bench}
+                      "bench": commands.bench, "gpu-check": gpu_check.run}
     return small_commands[args.command](args)
 
 
