@@ -15,6 +15,7 @@ from tuner.errors import TaskError, describe, first_line
 from tuner.task_facts import TaskFacts
 from tuner.worker.check.model_files import model_file_failure
 from tuner.worker.device.ceiling import largest_kernel, measure_ceiling
+from tuner.worker.device.tf32 import facts as tf32_facts
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_model import (
     batch_size_of,
@@ -51,7 +52,6 @@ def check_task(task_path: str, steps: int, patterns: Sequence[str] = (),
     import tensorflow as tf
 
     from tuner.apply.layers import float32_matches
-    from tuner.worker.device.tf32 import facts as tf32_facts
     from tuner.worker.task.task_loader import fixed_batches, load_task
 
     started = time.perf_counter()
