@@ -6,10 +6,10 @@ trial at a time on this machine, Ray for trials side by side, a cluster or a ser
 from __future__ import annotations
 
 import os
-import stat
 
 import pytest
 
+from tests.support.fake_nvidia_smi import fake_nvidia_smi
 from tuner.errors import UsageError
 from tuner.execution.choice import choose, visible_gpus
 
@@ -18,12 +18,8 @@ from tuner.execution.choice import choose, visible_gpus
 def fake_gpus(tmp_path, monkeypatch):
     """``fake_gpus(n)``: an ``nvidia-smi -L`` listing n GPUs, first on PATH."""
     def install(count: int) -> None:
-        script = tmp_path / "nvidia-smi"
-        lines = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:04d}aaaa)"
-                          for i in range(count))
-        script.write_text(f"#!/bin/sh\ncat <<'END'\n{lines}\nEND\n")
-        script.chmod(script.stat().st_mode | stat.S_IEXEC)
-        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        folder = fake_nvidia_smi(tmp_path, count)
+        monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return install
 

@@ -165,14 +165,10 @@ def _fake_gpus(tmp_path, count: int) -> dict:
     """An environment whose ``nvidia-smi -L`` lists ``count`` GPUs (TensorFlow still trains on
     the CPU: what is checked is where the trainings were sent)."""
     import os
-    import stat
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "nvidia-smi"
-    lines = "\n".join(f"GPU {i}: NVIDIA L4 (UUID: GPU-{i}fake-0000)" for i in range(count))
-    script.write_text(f"#!/bin/sh\ncat <<'END'\n{lines}\nEND\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    from tests.support.fake_nvidia_smi import fake_nvidia_smi
+
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", count, name="NVIDIA L4")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
