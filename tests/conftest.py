@@ -40,6 +40,10 @@ TIER_OF_PATH = {
     "tests/apply/test_config.py": "unit",
     "tests/apply/guard/test_watch.py": "unit",
     "tests/apply/loaded/test_reach_rules.py": "unit",
+    # Every loaded kind against its twin, every example's inputs, every task check: minutes
+    # together on a 2-core CPU without bfloat16 units, beyond the quick tier's five.
+    "tests/apply/loaded/test_loaded_dtypes.py": "slow",
+    "tests/apply/test_keras_apply.py": "slow",
     "tests/cli/": "cli",
     "tests/cli/test_handoff.py": "system",        # spare workers kept warm by a keeper
     "tests/e2e/": "slow",
@@ -72,7 +76,10 @@ TIER_OF_PATH = {
     "tests/worker/": "fast",
     "tests/worker/test_own_compile.py": "slow",   # GANs and WGAN-GP trained, one by one
     "tests/worker/test_live.py": "slow",
-    "tests/worker/test_worker_startup.py": "cli",
+    "tests/worker/test_worker_startup.py": "slow",
+    "tests/worker/test_continuous_inputs.py": "slow",
+    "tests/worker/test_task_check.py": "slow",
+    "tests/worker/test_warm_worker_memory.py": "slow",
 }
 # Slow tests that alone catch a core regression, in the quick tier (node ids, a parametrised
 # test by its full id): a loaded model's trial, an unreached trial, the guard's NaN restore,

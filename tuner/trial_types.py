@@ -114,6 +114,9 @@ class TrialResult:
     weights_bytes: int | None = None     # bytes of all model weights (shows 16-bit savings)
     peak_memory_bytes: int | None = None  # GPU peak, or host RSS growth during the trial
     memory_source: str = ""
+    # The memory its worker had left right after it, with what it kept alive held
+    # (tuner.worker.device.room: source, free_bytes, held_bytes, rss_bytes).
+    device_room: dict[str, Any] | None = None
     setup_s: float = 0.0      # import/build/compile of this trial, outside training steps
     trace_s: float = 0.0      # the first step: tracing (and compiling) the training step
     train_s: float = 0.0      # wall time inside the training steps after the first

@@ -173,9 +173,13 @@ class Records:
     def __init__(self) -> None:
         self.started: list[int] = []
         self.finished: list = []
+        self.released: list[dict] = []
 
     def trial_started(self, number, config, optuna_number, repair) -> None:
         self.started.append(number)
+
+    def live_models_released(self, event) -> None:
+        self.released.append(event)
 
     def trial_finished(self, row, baseline_ms) -> None:
         self.finished.append(row)

@@ -57,12 +57,14 @@ def test_same_seed_same_losses(task_path):
     assert first.losses == second.losses
 
 
+@pytest.mark.slow   # several trainings: the quick tier keeps its five minutes
 def test_pure_bfloat16_halves_weight_memory(task_path):
     full = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=6)
     half = trial(task_path("tiny_mlp"), PrecisionConfig("bfloat16"), steps=6)
     assert half.weights_bytes * 2 == full.weights_bytes
 
 
+@pytest.mark.slow   # several trainings: the quick tier keeps its five minutes
 def test_underflowing_gradients_need_a_loss_scale(task_path):
     path = task_path("underflow")
     baseline = trial(path, PrecisionConfig(), steps=20)
@@ -340,6 +342,7 @@ def test_probe_reports_what_each_group_and_pattern_selects(task_path):
                                      "classifier/dense_1"]
 
 
+@pytest.mark.slow   # several trainings: the quick tier keeps its five minutes
 def test_training_memory_is_counted_from_the_models_tensors(task_path):
     def memory(cfg):
         return trial(task_path("tiny_mlp"), cfg, steps=6).training_memory
@@ -377,6 +380,7 @@ def test_a_later_divergence_is_replayed_on_the_trials_own_traced_model(
     assert replays == ways
 
 
+@pytest.mark.slow   # several trainings: the quick tier keeps its five minutes
 def test_a_replay_that_does_not_train_to_the_trials_losses_is_built_again(
         task_path, replays, monkeypatch):
     # An unseeded TensorFlow op in the step draws on from where the trial left it: the own
@@ -388,6 +392,7 @@ def test_a_replay_that_does_not_train_to_the_trials_losses_is_built_again(
     assert result.failure_layer == "grow"
 
 
+@pytest.mark.slow   # several trainings: the quick tier keeps its five minutes
 def test_skips_and_scales_read_from_the_steps_logs_are_those_read_from_the_optimizer(
         task_path, monkeypatch):
     # A head near 290 under mixed_float16: its gradients times 2^15 overflow, so the dynamic

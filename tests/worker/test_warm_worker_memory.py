@@ -69,7 +69,7 @@ print(json.dumps(after))
 '''
 
 
-@pytest.mark.cli  # the warm worker runs in a process of its own
+@pytest.mark.slow  # the warm worker runs in a process of its own, five jobs
 def test_a_warm_worker_holds_no_job_after_the_job(tmp_path):
     specs = []
     for job in range(JOBS):

@@ -48,6 +48,7 @@ def tune(
     # -- where trials run
     time_limit: int = DEFAULT_TIME_LIMIT, workers: int | Literal["auto"] = "auto",
     ray_address: str | None = None, executor: Literal["auto", "ray", "local"] = "auto",
+    worker_memory: float | None = None,
 ) -> TuneResult:
     """Tune ``task`` (a task file's path), or the model ``build_model`` builds, trained on
     ``train_data`` (what ``model.fit(x=...)`` takes: arrays ``(x, y)``, x alone or a dict of
@@ -88,7 +89,8 @@ def tune(
         run_drift=run_drift, objective=objective, memory_slack=memory_slack,
         confirm_steps=confirm_steps, confirm_seconds=confirm_seconds, no_confirm=no_confirm,
         run_dir=run_dir, out=out, force=force, resume=resume, tracking_uri=tracking_uri,
-        time_limit=time_limit, workers=workers, ray_address=ray_address, executor=executor),
+        time_limit=time_limit, workers=workers, ray_address=ray_address, executor=executor,
+        worker_memory=worker_memory),
         objects=objects if task is None else None)
 
 

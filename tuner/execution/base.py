@@ -83,9 +83,20 @@ class Executor(ABC):
         """The job is done with the workers: stop what takes time to stop (Ray's instance),
         inside the job's wall time. A worker that stops at once is left to ``close``."""
 
-    def keep_live_only(self, specs: list[TrialSpec]) -> None:
-        """Let the worker keep only these specs' models alive. An executor that keeps no
-        models alive (``keeps_live_models`` False) has none to drop."""
+    def keep_live_only(self, specs: list[TrialSpec]) -> dict | None:
+        """Let the worker keep only these specs' models alive. Returns the worker's answer
+        (``live``: how many it keeps, ``rss_before``/``rss_after``: its resident memory around
+        the drop), None where there is none. An executor that keeps no models alive
+        (``keeps_live_models`` False) has none to drop."""
+        return None
+
+    def replace_worker(self) -> dict | None:
+        """Give the next trial a fresh worker process, where this executor can: whatever the
+        trials' worker kept (live models, and what TensorFlow holds on to of every model a
+        process trained) is gone. Returns ``rss_before`` (the old worker's resident memory) and
+        ``rss_after`` (the fresh one's, started now), None where unknown. By default the live
+        models are dropped in the same worker."""
+        return self.keep_live_only([])
 
     def __enter__(self: E) -> E:
         return self

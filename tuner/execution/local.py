@@ -113,15 +113,26 @@ class LocalProcessExecutor(Executor):
         (spec, limit), self._pending = self._pending, None
         return [self.run(spec, limit)]
 
-    def keep_live_only(self, specs: list[TrialSpec]) -> None:
-        """Let the worker keep only these specs' models alive."""
-        self._quietly("keep_live_only", [s.to_dict() for s in specs])
+    def keep_live_only(self, specs: list[TrialSpec]) -> dict | None:
+        """Let the worker keep only these specs' models alive (its answer: see base)."""
+        return self._quietly("keep_live_only", [s.to_dict() for s in specs])
 
-    def _quietly(self, method: str, *args) -> None:
-        """Housekeeping in the worker; a crashed worker keeps nothing anyway."""
+    def replace_worker(self) -> dict | None:
+        """The worker stopped and a fresh one started (see base)."""
+        before = self._quietly("memory") or {}
+        self.close()
+        with contextlib.suppress(Exception):
+            self._ensure_worker()   # a failed start is the next trial's to report
+        after = self._quietly("memory") or {}
+        return {"live": 0, "rss_before": before.get("rss_bytes"),
+                "rss_after": after.get("rss_bytes"), "replaced": True}
+
+    def _quietly(self, method: str, *args):
+        """Housekeeping in the worker; a crashed worker keeps nothing anyway (None)."""
         if self._worker is not None:
             with contextlib.suppress(Exception):
-                self._worker.call(method, *args, timeout_s=60)
+                return self._worker.call(method, *args, timeout_s=60)
+        return None
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator["_LocalSession"]:

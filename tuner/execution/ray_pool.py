@@ -310,13 +310,31 @@ class RayExecutor(ActorLifecycle, ExclusiveTiming, Executor):
         instance this job started, one worker): models kept alive there are timed again."""
         return self._owns_ray and self.workers == 1
 
-    def keep_live_only(self, specs: list[TrialSpec]) -> None:
-        """Let the trials' actor keep only these specs' models alive."""
+    def keep_live_only(self, specs: list[TrialSpec]) -> dict | None:
+        """Let the trials' actor keep only these specs' models alive (its answer: see base)."""
         import ray
 
         if self._slots and not self.in_flight():
-            ray.get(self._slots[0].actor.keep_live_only.remote([s.to_dict() for s in specs]),
-                    timeout=60)
+            return ray.get(self._slots[0].actor.keep_live_only.remote(
+                [s.to_dict() for s in specs]), timeout=60)
+        return None
+
+    def replace_worker(self) -> dict | None:
+        """Where the trials' one actor keeps live models: a fresh actor in its place (see
+        base); elsewhere the live models dropped."""
+        import ray
+
+        if not self.keeps_live_models or not self._slots or self.in_flight():
+            return self.keep_live_only([])
+        try:
+            before = ray.get(self._slots[0].actor.memory.remote(), timeout=60)
+            self._replace(self._slots[0])
+            self._fill_pool()
+            after = ray.get(self._slots[-1].actor.memory.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - a failed start is the next trial's to report
+            return None
+        return {"live": 0, "rss_before": before.get("rss_bytes"),
+                "rss_after": after.get("rss_bytes"), "replaced": True}
 
     def shut_down(self) -> None:
         self.close()

@@ -83,12 +83,17 @@ def _below_one(value: float) -> str | None:
     return None if 0 <= value < 1 else f"must be in [0, 1), got {value}"
 
 
+def _some_memory(value: float) -> str | None:
+    return None if 0 < value <= 2**20 else f"must be a number of GiB above 0, got {value:g}"
+
+
 positive_int = Check(int, "a positive integer", _at_least_one)
 workers_count = Check(int, "a positive integer", _at_least_one, words=("auto",))   # --workers
 count = Check(int, "a whole number such as 2", _not_negative)
 ratio = Check(float, "a number such as 0.9", _a_share)
 seconds = Check(float, "a number of seconds such as 5", _an_hour_at_most)
 gain = Check(float, "a fraction such as 0.03", _below_one)
+gibibytes = Check(float, "a number of GiB such as 16", _some_memory)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from tuner.run.confirmation_run import DEFAULT_SECONDS as CONFIRM_SECONDS
 from tuner.run.option_checks import (
     Check,
     gain,
+    gibibytes,
     option_fields,
     positive_int,
     ratio,
@@ -176,6 +177,11 @@ class TuneOptions:
         "several workers, --ray-address or a service job; ray: Ray actors always; local: "
         "one plain subprocess, no Ray [default: %(default)s]", RUNS,
         forwarded=False)] = "auto"
+    worker_memory: Annotated[float | None, Option(
+        "the memory, in GiB, a trial's worker may count on (on a shared GPU or host): float32's "
+        "model stays alive for the re-measurement only while a 16-bit trial fits beside it "
+        "within this and what the device has free (it does not cap TensorFlow's allocations) "
+        "[default: what the device has free]", RUNS, gibibytes, "GIB")] = None
 
     def __post_init__(self) -> None:
         """Every value held to its option's check, in its type (``"memory"`` becomes

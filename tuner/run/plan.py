@@ -130,6 +130,7 @@ class RunPlan:
     remeasurement: Remeasurement = Remeasurement()
     keep_slow_policies: bool = False    # try policies the device's ceiling says cannot win
     strict_float32: bool = False        # TF32 off in every trial (tuner.worker.device.tf32)
+    worker_memory: int | None = None    # bytes a worker may count on (tuner.run.kept_models)
     objective: Objective = Objective.SPEED
     memory_slack: float = DEFAULT_MEMORY_SLACK  # balanced: how much above the smallest memory
     # What the run learned of the model and this device (``Learned``), fitted as it learned it.
@@ -296,6 +297,8 @@ def resolve(options: TuneOptions, previous: dict[str, Any] | None) -> RunPlan:
                                else options.run_drift),
         keep_slow_policies=options.keep_slow_policies,
         strict_float32=recorded.get("strict_float32", options.strict_float32),
+        worker_memory=None if options.worker_memory is None
+        else int(options.worker_memory * 2**30),
         objective=recorded.get("objective") or options.objective or Objective.SPEED,
         memory_slack=recorded.get("memory_slack") or options.memory_slack
         or DEFAULT_MEMORY_SLACK,

@@ -22,15 +22,11 @@ from tuner.judging.worth_training import HoldKind, hold_for, needs_no_more_memor
 from tuner.records.results import NoProgress, Progress, TrialRow
 from tuner.records.timing import TimeBreakdown
 from tuner.run.held import HeldConfigs
+from tuner.run.kept_models import KeptModels
 from tuner.run.plan import RunPlan
 from tuner.search.proposer import Proposal, Proposer
 from tuner.search.space import MIN_TIMED_STEPS
 from tuner.trial_types import TrialOutcome, TrialResult, TrialSpec
-
-# Where the re-measurement runs in the trials' own worker, the models of the finalists-to-be
-# stay alive there (built and traced once for the search and the re-measurement), unless
-# float32 alone needs more training memory than this: then only its model is kept.
-LIVE_MODELS_MEMORY_BOUND = 512 * 2**20
 
 # The early-stop limit is ``slow_factor`` times the best stable median. A median taken while
 # another trial shared the node is noisier and biased upwards: widen the limit by this much.
@@ -44,6 +40,7 @@ class TrialRecords(Protocol):
                       optuna_number: int | None, repair: bool) -> None: ...
     def trial_finished(self, row: TrialRow, baseline_ms: float | None) -> None: ...
     def steps_sized(self, steps: int, why: str) -> None: ...
+    def live_models_released(self, event: dict[str, Any]) -> None: ...
 
 
 def make_spec(plan: RunPlan, number: int, config: PrecisionConfig,
@@ -73,7 +70,9 @@ class Scheduler:
         self.train_s = 0.0
         self.trace_s = 0.0
         self._budget_used = 0
-        self._kept: list[int] = [0]   # trials whose models the worker keeps alive
+        # The trials whose models the worker keeps alive for the re-measurement.
+        self.kept = KeptModels(executor, plan.finalists, plan.worker_memory, records,
+                               self.progress)
         # Proposals not trained, or not yet (tuner.judging.worth_training).
         self.held = HeldConfigs(dict(plan.learned.emulated), plan.learned.ceiling_device,
                                 plan.finalists)
@@ -198,7 +197,11 @@ class Scheduler:
                     continue
                 return self.proposer.exhausted and self._budget_used < self.plan.trials
             for result in self.executor.wait_any():
-                self._finish(self.pending.pop(result.number), self.account(result))
+                if self.kept.retry_fresh(self.account(result)):
+                    self.executor.submit(self._spec(result.number, self.pending[result.number]),
+                                         self.plan.trial_time_limit_s)
+                    continue
+                self._finish(self.pending.pop(result.number), result)
             interrupt.raise_if_requested()
 
     def _next_proposal(self) -> tuple[Proposal | None, bool]:
@@ -238,34 +241,31 @@ class Scheduler:
         self.records.trial_started(number, proposal.config,
                                    trial.number if trial is not None else None,
                                    proposal.is_repair)
+        self.executor.submit(self._spec(number, proposal), self.plan.trial_time_limit_s)
+
+    def _spec(self, number: int, proposal: Proposal) -> TrialSpec:
         spec = make_spec(self.plan, number, proposal.config,
                          self.stop_limit_ms(proposal.config))
         spec.validate = True    # every search trial ends on the run's validation batches
         # The baseline's model stays alive in its worker: the re-measurement starts from it;
-        # so do the leading trials' where the re-measurement runs there (_keep_finalists).
-        spec.keep_live = number == 0 or self._keeps_candidates()
+        # so may the leading trials' (tuner.run.kept_models).
+        spec.keep_live = self.kept.keep(number, self._baseline_result())
         if number == 0 and self.plan.learned.sizing is not None:
             spec.sizing = self.plan.learned.sizing.to_dict()
-        self.executor.submit(spec, self.plan.trial_time_limit_s)
+        return spec
 
-    def _keeps_candidates(self) -> bool:
-        if not self.executor.keeps_live_models or self.executor.slots > 1:
-            return False
-        memory = (self.baseline.result.training_memory or {}) if self.baseline else {}
-        return memory.get("total_bytes", 0) <= LIVE_MODELS_MEMORY_BOUND
+    def _baseline_result(self) -> TrialResult | None:
+        return self.baseline.result if self.baseline else None
 
     def _keep_finalists(self) -> None:
         """Let the worker keep alive only the models the re-measurement may time: float32's
         and the fastest stable trials' (as many as there are finalists)."""
-        if not self._keeps_candidates():
+        base = self.baseline
+        if base is None:
             return
-        leaders = [r for r in self.timed_stable_rows() if r is not self.baseline]
-        kept = [0] + sorted(r.number for r in leaders[:self.plan.finalists])
-        if kept != self._kept:
-            self._kept = kept
-            rows = {r.number: r for r in self.rows}
-            self.executor.keep_live_only([make_spec(self.plan, n, rows[n].config)
-                                          for n in kept if n in rows])
+        leaders = [r for r in self.timed_stable_rows() if r is not base]
+        self.kept.keep_finalists(base.result, [make_spec(self.plan, r.number, r.config)
+                                               for r in [base, *leaders]])
 
     def _size(self, baseline: TrialResult) -> None:
         """Every later run trains as many steps as the sized baseline did."""
@@ -295,6 +295,7 @@ class Scheduler:
         # First to disk: a kill after this loses nothing.
         self.records.trial_finished(row, (self.baseline or row).judgement.median_step_ms)
         self.rows.append(row)
+        self.kept.trial_finished(result, self._baseline_result())
         self.proposer.finished(proposal, row)
         best = self.best_stable()
         self.progress.trial_finished(row, best, self.search_speedup(best))

@@ -47,6 +47,7 @@ class TrialRecorder:
         self.missing: list[int] = []       # trials in trials.jsonl that MLflow does not have
         self._after_first: list[tuple] | None = []   # None once the first trial's run is queued
         self._finished: list[tuple[TrialRow, float | None]] = []   # logged once the next starts
+        self.releases: list[dict[str, Any]] = []   # live models let go, in order
 
     def later(self, call, *args, **kwargs):
         future = self._queue.submit(self._guarded, call, *args, **kwargs)
@@ -161,6 +162,11 @@ class TrialRecorder:
         it) and on the MLflow parent run."""
         self.store.update_run(steps=steps, sizing=None, sized_by=why)
         self.later(self.tracker.log_sizing, steps, why)
+
+    def live_models_released(self, event: dict[str, Any]) -> None:
+        """Models the worker let go (tuner.run.kept_models): in run.json's ``live_models``."""
+        self.releases.append(event)
+        self.store.update_run(live_models=list(self.releases))
 
     def close(self) -> None:
         self._queue.shutdown(wait=True)

@@ -20,6 +20,7 @@ import socket
 
 from tuner.worker.check.task_check import check_task
 from tuner.worker.device.ceiling import prime
+from tuner.worker.device.room import device_room, mark_ready, rss_bytes
 from tuner.worker.process.startup import prepare_process
 from tuner.worker.trial.live import run_live
 from tuner.worker.trial.live_models import keep_only, release
@@ -35,6 +36,7 @@ class TrialWorker:
     def __init__(self, threads: int | None, use_gpu: bool, node: str | None = None) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.devices = prepare_process(threads, use_gpu)   # before anything else: see there
+        mark_ready()
         self._node = socket.gethostname() if node is None else node
 
     def node(self) -> str:
@@ -71,8 +73,16 @@ class TrialWorker:
         return {"result": result,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
-    def keep_live_only(self, spec_dicts: list) -> int:
-        return keep_only(spec_dicts)
+    def keep_live_only(self, spec_dicts: list) -> dict:
+        """Keep only these specs' live models: how many are left, and this process's resident
+        memory before and after (what dropping the others gave back)."""
+        before = rss_bytes()
+        left = keep_only(spec_dicts)
+        return {"live": left, "rss_before": before, "rss_after": rss_bytes()}
+
+    def memory(self) -> dict:
+        """What this worker holds and what its device has free (tuner.worker.device.room)."""
+        return device_room()
 
     def release_live(self) -> int:
         return release()

@@ -15,6 +15,7 @@ from tuner.apply.config import PrecisionConfig
 from tuner.apply.reach import activation_share, precision_reach, reached_none, unreached_line
 from tuner.errors import TaskError, first_line
 from tuner.trial_types import FailureClass, TrialOutcome, TrialResult, TrialSpec
+from tuner.worker.device.room import device_room
 from tuner.worker.device.tf32 import hold_float32
 from tuner.worker.task.keras_state import reset_keras_state
 from tuner.worker.task.task_model import (
@@ -91,12 +92,19 @@ def train_trial(spec: TrialSpec) -> TrialResult:
         result = TrialResult.failed(spec.number, failure_class, message, layer,
                                     warmup_steps=spec.warmup_steps, **_what_it_measured(result))
     finally:
-        peak, source = memory.stop()
-        result.peak_memory_bytes, result.memory_source = peak, source
-        result.wall_s = time.perf_counter() - started
         model = optimizers = None  # noqa: F841 - release before the next trial
-        gc.collect()
+        _close(result, memory, started)
     return result
+
+
+def _close(result: TrialResult, memory: MemoryMeter, started: float) -> None:
+    """The trial's memory figures and wall time, once its model is let go: its peak, and
+    what the worker has left for the next trial (tuner.run.kept_models decides on it)."""
+    peak, source = memory.stop()
+    result.peak_memory_bytes, result.memory_source = peak, source
+    result.wall_s = time.perf_counter() - started
+    gc.collect()
+    result.device_room = device_room()
 
 
 def _unreached_yet(result: TrialResult, model, config: PrecisionConfig, placement) -> bool:
