@@ -120,3 +120,23 @@ def test_a_local_ray_that_cannot_start_is_one_line_that_names_the_way_round(tmp_
     assert len(failed) == 1 and "cannot start a local Ray instance" in failed[0]
     assert "AF_UNIX path length" in failed[0] and "--executor local" in failed[0]
     assert not run_dir.exists()
+
+
+def test_a_ray_actor_without_room_for_the_next_trial_is_replaced_by_a_fresh_one(tmp_path):
+    """One actor on the Ray this job starts keeps float32's model alive for the re-measurement
+    (tuner.run.kept_models); with no room left for a trial within --worker-memory, a fresh
+    actor takes its place before the next trial, and the trials go on there."""
+    import json
+
+    process = tune(str(TASKS / "tiny_mlp.py"), "--trials", "3", "--steps", "12",
+                   "--executor", "ray", "--workers", "1", "--worker-memory", "0.02",
+                   "--no-confirm", "--run-dir", str(tmp_path / "run"),
+                   "--out", str(tmp_path / "best.json"))
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-3000:]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    first = run["live_models"][0]
+    assert first["after_trial"] == 0 and first["released"] == [0] and first["fresh_worker"]
+    assert first["rss_after"] < first["rss_before"], first
+    trials = trials_of(tmp_path / "run")
+    assert len(trials) == 3 and all(t["result"]["outcome"] == "completed" for t in trials)
