@@ -191,6 +191,7 @@ def test_service_status_and_stop_when_nothing_runs(tmp_path):
     assert stop.returncode == 0 and "not running" in stop.stdout
 
 
+@pytest.mark.slow   # MLflow's server started: the quick tier keeps its five minutes
 def test_experiments_open_in_the_model_training_layout(tmp_path):
     from mlflow import MlflowClient
 

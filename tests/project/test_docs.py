@@ -92,8 +92,11 @@ def _copy_of_the_docs(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("breakage, said", [
-    ("link", "the target 'how-to/no-such-page.md' is not found among documentation files"),
-    ("nav", "are not included in the \"nav\" configuration"),
+    # Two of the three builds in the slow tier: the quick tier keeps its five minutes.
+    pytest.param("link", "the target 'how-to/no-such-page.md' is not found among documentation "
+                 "files", marks=pytest.mark.slow),
+    pytest.param("nav", "are not included in the \"nav\" configuration",
+                 marks=pytest.mark.slow),
     ("snippet", "Snippet at path 'examples/no_such_example.py' could not be found"),
 ])
 def test_a_broken_link_a_page_outside_the_nav_or_a_missing_snippet_fails_the_build(

@@ -51,6 +51,7 @@ def test_a_memory_count_that_fails_says_why(task_path, monkeypatch):
     assert result.memory_error == "TypeError: an eager call of the model raised"
 
 
+@pytest.mark.slow   # the quick tier keeps its five minutes on a 2-core CPU
 def test_same_seed_same_losses(task_path):
     first = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=8)
     second = trial(task_path("tiny_mlp"), PrecisionConfig(), steps=8)
@@ -90,6 +91,7 @@ def test_dtype_mismatch_names_the_layer_and_the_fix(task_path):
     assert fixed.outcome is TrialOutcome.COMPLETED
 
 
+@pytest.mark.slow   # the quick tier keeps its five minutes on a 2-core CPU
 def test_subclassed_model_with_own_train_step_and_dataset(task_path):
     cfg = PrecisionConfig("mixed_float16", LossScale("dynamic"),
                           float32=Float32Placement(("softmax",)))
@@ -108,6 +110,7 @@ def test_task_errors_become_failed_trials(task_path):
     assert "must return what model.fit(x=...) takes" in bad.failure_message
 
 
+@pytest.mark.slow   # the quick tier keeps its five minutes on a 2-core CPU
 def test_slow_trials_stop_early(task_path):
     result = trial(task_path("tiny_mlp"), PrecisionConfig(), stop_if_slower_than_ms=1e-6)
     assert result.outcome is TrialOutcome.STOPPED_SLOW
@@ -149,6 +152,7 @@ def test_batches_keep_the_structure_of_the_data(tmp_path):
                        "dataset_triple": {3}}
 
 
+@pytest.mark.slow   # the quick tier keeps its five minutes on a 2-core CPU
 def test_a_guide_style_train_step_gets_what_fit_gives_it():
     # `x, y = data` fails on the (x, y, sample_weight) that train_on_batch hands over.
     for name in ("guide_train_step", "sample_weights"):
@@ -156,6 +160,7 @@ def test_a_guide_style_train_step_gets_what_fit_gives_it():
         assert result.outcome is TrialOutcome.COMPLETED, (name, result.failure_message)
 
 
+@pytest.mark.slow   # the quick tier keeps its five minutes on a 2-core CPU
 def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
     from tuner.worker.task.keras_state import reset_keras_state
     from tuner.worker.task.task_loader import fixed_batches, load_task
@@ -175,9 +180,9 @@ def test_each_step_records_its_own_loss_not_a_running_mean(task_path):
 
 @pytest.mark.parametrize("where", [
     "tiny_mlp",                  # a compiled loss
-    "zoo/custom_metric",         # a compiled loss and a metric of the user's
     "zoo/guide_train_step",      # its own train_step, updating the compiled metrics itself
     # The rest in the slow tier: the quick tier keeps one of each way of computing the loss.
+    pytest.param("zoo/custom_metric", marks=pytest.mark.slow),  # and a metric of the user's
     pytest.param("zoo/multi_io", marks=pytest.mark.slow),    # two outputs, a loss each
     pytest.param("zoo/vae", marks=pytest.mark.slow),         # its own train_step and trackers
     pytest.param("zoo/add_loss", marks=pytest.mark.slow),    # add_loss beside the compiled loss
