@@ -12,9 +12,9 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
+from tuner.worker.device.room import rss_bytes
 from tuner.worker.task.task_model import one_pass
 
 
@@ -107,10 +107,11 @@ def training_memory(model, optimizers: list, batch: tuple) -> dict:
 
 
 def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux: fall back to the lifetime peak
-        import resource
+    """This process's resident memory (tuner.worker.device.room); off Linux, its lifetime
+    peak."""
+    current = rss_bytes()
+    if current is not None:
+        return current
+    import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
