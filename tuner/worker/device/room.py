@@ -1,9 +1,9 @@
-"""The memory a worker has left for its next trial while it keeps a model alive.
+"""The memory a worker has left for its next trial, with what it keeps held.
 
 The float32 baseline's model stays alive in its worker so that the re-measurement starts from
-it (tuner.worker.trial.live). That is only worth it where a 16-bit trial still fits beside it:
-the driver decides (tuner.run.kept_models) from what ``device_room`` reads here, right after
-the trial that kept its model, with that model held:
+it (tuner.worker.trial.live), and a process keeps part of the memory of every model it trained.
+Whether the next trial still fits is the driver's decision (tuner.run.kept_models), from what
+``device_room`` reads here at the end of every trial, once its model is let go:
 
 - On a GPU: the free memory ``nvidia-smi`` reports for the worker's device, plus what
   TensorFlow's allocator holds without using it (its pool grows to the trial's peak and never

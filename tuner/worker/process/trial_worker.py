@@ -5,7 +5,8 @@ named by its node); the local executor's worker program serves one (tuner.worker
 every core, this host's name) and the driver calls its methods by name
 (tuner.execution.local_worker). Both call the same methods with the same arguments: check the
 task (``check_task``), diagnose it (``diagnose``), run a trial (``run``), run a live model
-again (``run_live``), keep or drop live models (``keep_live_only``, ``release_live``), forget
+again (``run_live``), keep or drop live models (``keep_live_only``, ``release_live``), say
+what memory it holds and has left (``memory``), forget
 a finished job (``forget``), time the device's ceiling (``prime_ceiling``) and, in a fresh
 process, a trial with the process's peak memory (``run_for_peak_rss``). A task the driver
 shipped through Ray's object store (``shipped``) is fetched first; None is a task file on this

@@ -9,7 +9,8 @@ for the confirmation, until the model has trained ``spec.train_to`` steps in all
 it on the validation batches: ``spec.validate``). The
 float32 baseline trial (``spec.keep_live``) leaves its model here, so a re-measurement in the
 same worker starts from it. ``release()`` drops them all. Per process: a fresh worker (after a
-crash) starts empty and builds again.
+crash, or one that replaced a worker without room: tuner.run.kept_models) starts empty and
+builds again.
 """
 
 from __future__ import annotations
